@@ -1,0 +1,323 @@
+"""The command line: ``ampdoctor lint | rules | rule``. The only module that knows them all."""
+
+from __future__ import annotations
+
+import difflib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ampdoctor import __version__
+from ampdoctor.diagnostics import AmpdoctorError, Severity
+
+FORMATS = ("text", "concise", "json", "sarif", "github")
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def _codes(values: tuple[str, ...]) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in values:
+        out.extend(c.strip() for c in v.split(",") if c.strip())
+    return tuple(out)
+
+
+def _fail(message: str) -> "click.exceptions.Exit":
+    click.echo(f"ampdoctor: error: {message}", err=True)
+    return click.exceptions.Exit(EXIT_ERROR)
+
+
+class _Group(click.Group):
+    """Turns our own errors into one line and exit 2, and never shows a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AmpdoctorError as exc:
+            raise _fail(str(exc)) from None
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except KeyboardInterrupt:
+            click.echo("ampdoctor: interrupted", err=True)
+            raise click.exceptions.Exit(130) from None
+        except Exception as exc:  # pragma: no cover - last line of defence
+            if os.environ.get("AMPDOCTOR_DEBUG"):
+                raise
+            raise _fail(f"internal error: {type(exc).__name__}: {exc} (set AMPDOCTOR_DEBUG=1 for details)") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="ampdoctor")
+def main() -> None:
+    """Find mixed-precision (AMP) problems in PyTorch code."""
+
+
+def _console(file, force_plain: bool):
+    from rich.console import Console
+
+    if force_plain:
+        return Console(file=file, no_color=True, highlight=False, width=100, force_terminal=False,
+                       soft_wrap=True, emoji=False)
+    return Console(file=file, highlight=False, emoji=False)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=str)
+@click.option("--select", multiple=True, help="Codes or prefixes to enable, replacing the defaults (e.g. AMP1,AMP401).")
+@click.option("--extend-select", multiple=True, help="Codes or prefixes to enable on top of the selection.")
+@click.option("--ignore", multiple=True, help="Codes or prefixes to disable.")
+@click.option("--exclude", multiple=True, help="Gitignore-style patterns to skip, replacing the defaults.")
+@click.option("--extend-exclude", multiple=True, help="Gitignore-style patterns to skip, added to the defaults.")
+@click.option("--force-exclude", is_flag=True, help="Apply the excludes to files named on the command line too.")
+@click.option("--no-respect-gitignore", is_flag=True, help="Also lint files that .gitignore ignores.")
+@click.option("--stdin-filename", help="The path to use for source read from '-' (messages and config).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Use this pyproject.toml for every file.")
+@click.option("--min-torch-version", help="Oldest torch the project supports (gates fixes), e.g. 2.4.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write the report to this file.")
+@click.option("--statistics", is_flag=True, help="Show a count per rule instead of each diagnostic.")
+@click.option("-q", "--quiet", is_flag=True, help="Print diagnostics only: no summary, no progress bar.")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are diagnostics.")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), default="info", show_default=True,
+              help="Lowest severity that makes the exit code 1.")
+@click.option("--fix", is_flag=True, help="Apply safe fixes to the files.")
+@click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff, apply unsafe fixes too.")
+@click.option("--diff", is_flag=True, help="Print the fixes as a unified diff and write nothing.")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache folder (default: .ampdoctor_cache).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Worker processes (default: all cores).")
+def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_exclude, no_respect_gitignore,
+         stdin_filename, config_file, min_torch_version, fmt, output, statistics, quiet, exit_zero, fail_on,
+         fix, unsafe_fixes, diff, no_cache, cache_dir, jobs) -> None:
+    """Check PATHS (default: the current folder) for AMP anti-patterns. '-' reads standard input."""
+    from ampdoctor import config as config_mod
+    from ampdoctor.lint import discovery, registry, runner
+
+    cwd = Path.cwd()
+    paths = list(paths) or ["."]
+    fix_mode = None
+    if fix or diff:
+        fix_mode = "unsafe" if unsafe_fixes else "safe"
+    if unsafe_fixes and not (fix or diff):
+        raise AmpdoctorError("--unsafe-fixes needs --fix or --diff")
+    if "-" in paths and len(paths) > 1:
+        raise AmpdoctorError("'-' (standard input) cannot be combined with other paths")
+    selection = runner.Selection(
+        select=_codes(select) if select else None,
+        extend_select=_codes(extend_select),
+        ignore=_codes(ignore),
+        min_torch=config_mod.parse_version(min_torch_version, "--min-torch-version") if min_torch_version else None,
+    )
+    for code in (selection.select or ()) + selection.extend_select + selection.ignore:
+        registry.expand(code)  # unknown codes are a usage error, before any work
+    if config_file:
+        fixed_cfg = config_mod.load(Path(config_file))
+        finder = config_mod.Finder(cwd)
+        finder.for_dir = lambda _d: fixed_cfg  # type: ignore[method-assign]
+    else:
+        finder = config_mod.Finder(cwd)
+    want_edits = fmt in ("json", "sarif") or fix_mode is not None or fmt == "text"
+    resolver = runner.SettingsResolver(selection, fix_mode, want_edits)
+
+    problems: list[str] = []
+    sources: dict[str, str] = {}
+    if paths == ["-"]:
+        data = sys.stdin.buffer.read()
+        display = stdin_filename or "-"
+        stdin_path = Path(os.path.abspath(stdin_filename)) if stdin_filename else cwd / "-"
+        cfg = finder.for_dir(stdin_path.parent)
+        settings = resolver.for_file(stdin_path, cfg)
+        result = runner.lint_stdin(display, data, settings)
+        try:
+            from ampdoctor.lint.engine import decode
+            sources[display] = decode(data)[0]
+        except Exception:
+            pass
+        files = 1
+    else:
+        opts = discovery.ExcludeOptions(
+            exclude=_codes(exclude) if exclude else None,
+            extend_exclude=_codes(extend_exclude),
+            force_exclude=force_exclude,
+            respect_gitignore=not no_respect_gitignore,
+        )
+        targets, problems = discovery.discover(paths, finder, opts, cwd)
+        for t in targets:  # validate every config that applies before linting
+            resolver.base(t.config)
+        files = len(targets)
+        use_cache = not no_cache and not diff and not os.environ.get("AMPDOCTOR_NO_CACHE")
+        cdir = None
+        if use_cache:
+            cdir = Path(cache_dir) if cache_dir else finder.for_dir(cwd).root / ".ampdoctor_cache"
+        progress_cb, progress_done = _progress(files, quiet)
+        try:
+            result = runner.run(targets, resolver, jobs=jobs, cache_dir=cdir, write_fixes=fix and not diff,
+                                progress=progress_cb)
+        finally:
+            progress_done()
+
+    for p in problems:
+        click.echo(f"ampdoctor: error: {p}", err=True)
+
+    diags = result.diagnostics
+    internal = any(r.internal_error for r in result.results)
+
+    if diff:
+        text = _diff_text(result, sources)
+        _emit(text, output)
+        code = EXIT_FINDINGS if text else EXIT_OK
+        if internal or problems:
+            code = EXIT_ERROR
+        raise click.exceptions.Exit(code)
+
+    if paths == ["-"] and fix and result.results[0].fixed is not None:
+        sys.stdout.buffer.write(result.results[0].fixed)
+        sys.stdout.flush()
+        report_to = sys.stderr if not output else None
+    else:
+        report_to = None
+
+    _report(fmt, diags, files, result.fixes_applied, fix_mode if fix else None, output, statistics, quiet,
+            sources, report_to)
+
+    threshold = Severity(fail_on).rank
+    failing = [d for d in diags if d.severity.rank >= threshold]
+    if internal or problems:
+        code = EXIT_ERROR
+    elif failing and not exit_zero:
+        code = EXIT_FINDINGS
+    else:
+        code = EXIT_OK
+    raise click.exceptions.Exit(code)
+
+
+def _progress(total: int, quiet: bool):
+    if quiet or total < 200 or not sys.stderr.isatty() or os.environ.get("CI"):
+        return None, lambda: None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rich.console import Console
+    prog = Progress(TextColumn("linting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(file=sys.stderr), transient=True)
+    task = prog.add_task("lint", total=total)
+    prog.start()
+    return (lambda n: prog.advance(task, n)), prog.stop
+
+
+def _diff_text(result, sources: dict[str, str]) -> str:
+    from ampdoctor.lint.engine import decode
+
+    chunks = []
+    for r in result.results:
+        if r.fixed is None:
+            continue
+        if r.path in sources:
+            old = sources[r.path]
+        else:
+            try:
+                with open(r.path, "rb") as f:
+                    old = decode(f.read())[0]
+            except Exception:
+                continue
+        try:
+            new = decode(r.fixed)[0]
+        except Exception:
+            continue
+        chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                           fromfile=f"a/{r.path}", tofile=f"b/{r.path}"))
+    return "".join(c if c.endswith("\n") else c + "\n\\ No newline at end of file\n" for c in chunks)
+
+
+def _emit(text: str, output: str | None) -> None:
+    if output:
+        try:
+            with open(output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise AmpdoctorError(f"cannot write {output}: {exc.strerror}") from None
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sources, report_to) -> None:
+    from ampdoctor.report import machine
+
+    if fmt == "json":
+        _emit(machine.to_json(diags, files, fixed), output)
+    elif fmt == "sarif":
+        from ampdoctor.lint.registry import all_infos
+        _emit(machine.to_sarif(diags, all_infos()), output)
+    elif fmt == "github":
+        _emit(machine.to_github(diags), output)
+    elif fmt == "concise" and not statistics:
+        text = machine.to_concise(diags)
+        if not quiet and not output:
+            text += _plain_summary(diags, files, fixed)
+        _emit(text, output)
+    else:
+        from ampdoctor.report import text as text_mod
+
+        buf = io.StringIO() if output else None
+        console = _console(buf if buf is not None else (report_to or sys.stdout), force_plain=buf is not None)
+        if statistics:
+            text_mod.render_statistics(console, diags)
+        else:
+            text_mod.render_diagnostics(console, diags, sources)
+        if not quiet:
+            text_mod.render_summary(console, diags, files, fixed, fix_mode)
+        if buf is not None:
+            _emit(buf.getvalue(), output)
+
+
+def _plain_summary(diags, files, fixed) -> str:
+    out = f"Fixed {fixed} diagnostic{'s' * (fixed != 1)}.\n" if fixed else ""
+    if not diags:
+        return out + f"All checks passed ({files} file{'s' * (files != 1)} checked).\n"
+    return out + f"Found {len(diags)} diagnostic{'s' * (len(diags) != 1)} in {files} file{'s' * (files != 1)}.\n"
+
+
+@main.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def rules(fmt: str) -> None:
+    """List every rule: code, name, severity, fix, on by default."""
+    from ampdoctor.lint.registry import all_infos
+
+    infos = list(all_infos().values())
+    if fmt == "json":
+        click.echo(json.dumps([{
+            "code": i.code, "name": i.name, "severity": i.severity.value, "fix": i.fix,
+            "default": i.default, "summary": i.summary,
+        } for i in infos], indent=2))
+        return
+    from ampdoctor.report.text import render_rules
+    render_rules(_console(sys.stdout, False), infos)
+
+
+@main.command()
+@click.argument("code")
+def rule(code: str) -> None:
+    """Explain a rule: what it does, why, examples and fix safety."""
+    from ampdoctor import docs
+    from ampdoctor.lint.registry import all_infos
+
+    infos = all_infos()
+    key = code.strip().upper()
+    if key not in infos:
+        by_name = {i.name: c for c, i in infos.items()}
+        if code.strip().lower() in by_name:
+            key = by_name[code.strip().lower()]
+        else:
+            raise AmpdoctorError(f"unknown rule '{code}' (see `ampdoctor rules`)")
+    text = docs.read(key)
+    if text is None:
+        raise AmpdoctorError(f"no documentation found for {key}; the installation looks incomplete")
+    _, body = docs.split_front_matter(text)
+    if sys.stdout.isatty():
+        from rich.markdown import Markdown
+        _console(sys.stdout, False).print(Markdown(body))
+    else:
+        click.echo(body.rstrip("\n"))

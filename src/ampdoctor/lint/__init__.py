@@ -1,0 +1,1 @@
+"""The static linter. Uses libcst; never imports torch, rich or click."""

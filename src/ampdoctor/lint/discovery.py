@@ -1,0 +1,182 @@
+"""Which files to lint: walk the given paths, honour .gitignore and the exclude settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pathspec
+
+from ampdoctor.config import DEFAULT_EXCLUDE, Config, Finder
+
+SUFFIXES = (".py", ".pyi")
+
+
+@dataclass(frozen=True)
+class Target:
+    path: Path  # absolute
+    display: str  # what users see: relative to the current folder when below it
+    config: Config
+
+
+@dataclass(frozen=True)
+class ExcludeOptions:
+    exclude: tuple[str, ...] | None = None  # from the command line: replaces config + defaults
+    extend_exclude: tuple[str, ...] = ()
+    force_exclude: bool = False
+    respect_gitignore: bool = True
+
+
+def display_path(path: Path, cwd: Path) -> str:
+    try:
+        return path.relative_to(cwd).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+@lru_cache(maxsize=256)
+def _spec(patterns: tuple[str, ...]) -> pathspec.PathSpec:
+    return pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+
+
+def _exclude_spec(cfg: Config, opts: ExcludeOptions) -> pathspec.PathSpec:
+    if opts.exclude is not None:
+        base = opts.exclude
+    elif cfg.exclude is not None:
+        base = cfg.exclude
+    else:
+        base = DEFAULT_EXCLUDE
+    return _spec(tuple(base) + tuple(cfg.extend_exclude) + tuple(opts.extend_exclude))
+
+
+def _rel(path: Path, root: Path) -> str | None:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return None
+
+
+def is_excluded(path: Path, cfg: Config, opts: ExcludeOptions, is_dir: bool) -> bool:
+    spec = _exclude_spec(cfg, opts)
+    rel = _rel(path, cfg.root)
+    if rel is None or rel == ".":
+        rel = path.name
+    return spec.match_file(rel + "/" if is_dir else rel)
+
+
+class _GitIgnores:
+    """.gitignore files from the repository root down to each folder walked."""
+
+    def __init__(self) -> None:
+        self._per_dir: dict[Path, list[tuple[Path, pathspec.PathSpec]]] = {}
+
+    @staticmethod
+    def _repo_root(directory: Path) -> Path | None:
+        for d in (directory, *directory.parents):
+            if (d / ".git").exists():
+                return d
+        return None
+
+    def _load(self, directory: Path, extra: Path | None = None) -> list[tuple[Path, pathspec.PathSpec]]:
+        out = []
+        for f in (directory / ".gitignore", extra):
+            if f is None:
+                continue
+            try:
+                lines = f.read_text("utf-8", "replace").splitlines()
+            except OSError:
+                continue
+            out.append((directory, pathspec.GitIgnoreSpec.from_lines(lines)))
+        return out
+
+    def specs(self, directory: Path) -> list[tuple[Path, pathspec.PathSpec]]:
+        hit = self._per_dir.get(directory)
+        if hit is not None:
+            return hit
+        root = self._repo_root(directory)
+        if root is None:
+            specs: list = []
+        elif directory == root:
+            specs = self._load(directory, root / ".git" / "info" / "exclude")
+        else:
+            specs = self.specs(directory.parent) + self._load(directory)
+        self._per_dir[directory] = specs
+        return specs
+
+    def ignored(self, path: Path, is_dir: bool) -> bool:
+        for base, spec in self.specs(path.parent):
+            rel = _rel(path, base)
+            if rel and spec.match_file(rel + "/" if is_dir else rel):
+                return True
+        return False
+
+
+def discover(paths: list[str], finder: Finder, opts: ExcludeOptions, cwd: Path) -> tuple[list[Target], list[str]]:
+    """The files to lint and the paths that could not be used (one message each)."""
+    gitignores = _GitIgnores()
+    targets: dict[Path, Target] = {}
+    problems: list[str] = []
+
+    def add(p: Path) -> None:
+        cfg = finder.for_dir(p.parent)
+        targets.setdefault(p, Target(p, display_path(p, cwd), cfg))
+
+    for raw in paths:
+        p = Path(os.path.abspath(os.path.join(cwd, raw)))
+        if p.is_symlink() and not p.exists():
+            add(p)  # a broken link named explicitly: reading it reports the problem
+            continue
+        if not p.exists():
+            problems.append(f"{raw}: no such file or directory")
+            continue
+        if p.is_file():
+            if opts.force_exclude:
+                cfg = finder.for_dir(p.parent)
+                if any(is_excluded(q, cfg, opts, q != p) for q in (p, *p.parents)
+                       if _rel(q, cfg.root) not in (None, ".")) or \
+                        (opts.respect_gitignore and gitignores.ignored(p, False)):
+                    continue
+            add(p)
+            continue
+        if not p.is_dir():
+            problems.append(f"{raw}: not a regular file or folder")
+            continue
+        _walk(p, finder, opts, gitignores, add, problems, raw)
+    return sorted(targets.values(), key=lambda t: t.display), problems
+
+
+def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnores, add, problems, raw) -> None:
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError as exc:
+            problems.append(f"{display_path(d, Path.cwd()) if d != top else raw}: cannot list folder ({exc.strerror})")
+            continue
+        cfg = finder.for_dir(d)
+        subdirs = []
+        for e in entries:
+            p = Path(e.path)
+            try:
+                is_link = e.is_symlink()
+                is_dir = e.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                if is_excluded(p, cfg, opts, True) or (p / "pyvenv.cfg").exists():
+                    continue
+                if opts.respect_gitignore and gitignores.ignored(p, True):
+                    continue
+                subdirs.append(p)
+            elif e.name.endswith(SUFFIXES):
+                if is_link and e.is_dir():
+                    continue  # never follow links to folders (loops)
+                if is_excluded(p, cfg, opts, False):
+                    continue
+                if opts.respect_gitignore and gitignores.ignored(p, False):
+                    continue
+                add(p)
+        stack.extend(reversed(subdirs))

@@ -1,0 +1,452 @@
+"""Lint one file: read -> pre-filter -> parse once -> one batched traversal -> fixes.
+
+Everything here works on plain bytes and returns plain data, so it runs the same in the
+main process and in pool workers, and the results can be cached.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import re
+import tokenize
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Iterable
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from ampdoctor.diagnostics import Applicability, Diagnostic, Edit, Fix
+from ampdoctor.lint import suppress
+from ampdoctor.lint.registry import (
+    INTERNAL_ERROR,
+    READ_ERROR,
+    SYNTAX_ERROR,
+    UNUSED_SUPPRESSION,
+    all_infos,
+    rule_classes,
+)
+from ampdoctor.lint.rule import Context, FixSpec, Report, Rule
+
+MAX_FIX_ROUNDS = 10
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Per-file settings: which codes run and what to do with fixes."""
+
+    enabled: frozenset[str]
+    min_torch: tuple[int, ...] | None = None
+    fix: str | None = None  # None, "safe" or "unsafe": apply fixes of that safety and below
+    want_edits: bool = True  # compute the text edits of each available fix
+
+
+@dataclass
+class FileResult:
+    path: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    fixed: bytes | None = None  # new file content when fixes were applied
+    fixes_applied: int = 0
+    skipped: bool = False  # the pre-filter found nothing to look at
+
+    @property
+    def internal_error(self) -> bool:
+        return any(d.code == INTERNAL_ERROR.code for d in self.diagnostics)
+
+
+# -- rule selection -------------------------------------------------------------
+
+@lru_cache(maxsize=64)
+def _rules_for(enabled: frozenset[str]) -> tuple[type[Rule], ...]:
+    return tuple(r for r in rule_classes() if r.code in enabled)
+
+
+@lru_cache(maxsize=64)
+def _prefilter(enabled: frozenset[str]) -> re.Pattern[bytes] | None:
+    words = sorted({w for r in _rules_for(enabled) for w in r.words})
+    if not words:
+        return None
+    return re.compile(b"|".join(re.escape(w) for w in words))
+
+
+@lru_cache(maxsize=None)
+def _methods(cls: type[Rule]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    visits = tuple(sorted(n[6:] for n in dir(cls) if n.startswith("visit_") and callable(getattr(cls, n))))
+    leaves = tuple(sorted(n[6:] for n in dir(cls) if n.startswith("leave_") and callable(getattr(cls, n))))
+    return visits, leaves
+
+
+# -- the single traversal ------------------------------------------------------------
+
+class _Dispatcher(cst.CSTVisitor):
+    """Runs every rule's visit_/leave_ methods in one walk and keeps the shared context."""
+
+    def __init__(self, ctx: Context, rules: list[Rule]) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.rules = rules
+        self.failures: dict[str, str] = {}
+        self._build()
+
+    def _build(self) -> None:
+        visit: dict[str, list] = {}
+        leave: dict[str, list] = {}
+        for rule in self.rules:
+            if rule.code in self.failures:
+                continue
+            v, l = _methods(type(rule))
+            for t in v:
+                visit.setdefault(t, []).append((rule.code, getattr(rule, "visit_" + t)))
+            for t in l:
+                leave.setdefault(t, []).append((rule.code, getattr(rule, "leave_" + t)))
+        self.visit_table = {k: tuple(v) for k, v in visit.items()}
+        self.leave_table = {k: tuple(v) for k, v in leave.items()}
+
+    def _fail(self, code: str, exc: BaseException) -> None:
+        self.failures[code] = f"{type(exc).__name__}: {exc}"
+        self._build()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        ctx = self.ctx
+        ctx.parents.append(node)
+        t = type(node).__name__
+        if t == "Import":
+            ctx.names.add_import(node, ctx.scope_depth == 0)  # type: ignore[arg-type]
+        elif t == "ImportFrom":
+            ctx.names.add_import_from(node, ctx.scope_depth == 0)  # type: ignore[arg-type]
+        fns = self.visit_table.get(t)
+        if fns:
+            for code, fn in fns:
+                try:
+                    fn(node)
+                except RecursionError:
+                    raise
+                except Exception as exc:  # a rule bug must not stop the other rules
+                    self._fail(code, exc)
+        if isinstance(node, _SCOPES):
+            ctx.scope_depth += 1
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        ctx = self.ctx
+        t = type(original_node).__name__
+        if isinstance(original_node, _SCOPES):
+            ctx.scope_depth -= 1
+        fns = self.leave_table.get(t)
+        if fns:
+            for code, fn in fns:
+                try:
+                    fn(original_node)
+                except RecursionError:
+                    raise
+                except Exception as exc:
+                    self._fail(code, exc)
+        if t == "Assign":
+            ctx.names.add_assign([a.target for a in original_node.targets], original_node.value)  # type: ignore[attr-defined]
+        elif t == "AnnAssign" and original_node.value is not None:  # type: ignore[attr-defined]
+            ctx.names.add_assign([original_node.target], original_node.value)  # type: ignore[attr-defined]
+        ctx.parents.pop()
+
+
+# -- reading ------------------------------------------------------------------------
+
+def decode(data: bytes) -> tuple[str, str]:
+    """Decode Python source honouring a BOM and a PEP 263 coding cookie.
+
+    Raises UnicodeDecodeError/SyntaxError/LookupError with a readable message.
+    """
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding), encoding
+
+
+def _diag_at(path: str, info, line: int, column: int, message: str,
+             end_line: int | None = None, end_column: int | None = None) -> Diagnostic:
+    return Diagnostic(
+        path=path, line=line, column=column, code=info.code,
+        end_line=end_line if end_line is not None else line,
+        end_column=end_column if end_column is not None else column,
+        name=info.name, severity=info.severity, message=message,
+    )
+
+
+# -- fixes --------------------------------------------------------------------------
+
+class _Apply(cst.CSTTransformer):
+    def __init__(self, replacements: dict[int, object]) -> None:
+        super().__init__()
+        self.replacements = replacements
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        rep = self.replacements.get(id(original_node))
+        return updated_node if rep is None else rep
+
+
+def _has_import(module: cst.Module, name: str) -> bool:
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for s in stmt.body:
+                if isinstance(s, cst.Import):
+                    for a in s.names:
+                        bound = a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) \
+                            else (cst.helpers.get_full_name_for_node(a.name) or "").split(".")[0]
+                        if bound == name:
+                            return True
+    return False
+
+
+def _add_import(module: cst.Module, name: str) -> cst.Module:
+    """Insert ``import NAME`` after the module docstring, __future__ imports and leading imports."""
+    body = list(module.body)
+    idx = 0
+    if body and isinstance(body[0], cst.SimpleStatementLine) and body[0].body and \
+            isinstance(body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        idx = 1
+    while idx < len(body) and isinstance(body[idx], cst.SimpleStatementLine) and \
+            all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in body[idx].body):
+        idx += 1
+    body.insert(idx, cst.parse_statement(f"import {name}\n", config=module.config_for_parsing))
+    return module.with_changes(body=body)
+
+
+def apply_fixes(module: cst.Module, fixes: Iterable[FixSpec]) -> str:
+    replacements: dict[int, object] = {}
+    imports: set[str] = set()
+    for f in fixes:
+        for node, rep in f.changes:
+            replacements[id(node)] = rep
+        imports.update(f.imports)
+    new = module.visit(_Apply(replacements)) if replacements else module
+    for name in sorted(imports):
+        if not _has_import(new, name):
+            new = _add_import(new, name)
+    return new.code
+
+
+def text_edits(old: str, new: str) -> tuple[Edit, ...]:
+    """Minimal edits turning ``old`` into ``new``: changed line blocks, trimmed to the characters."""
+    a = old.splitlines(keepends=True)
+    b = new.splitlines(keepends=True)
+    edits = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        old_text = "".join(a[i1:i2])
+        new_text = "".join(b[j1:j2])
+        p = 0
+        while p < min(len(old_text), len(new_text)) and old_text[p] == new_text[p]:
+            p += 1
+        s = 0
+        while s < min(len(old_text), len(new_text)) - p and old_text[-1 - s] == new_text[-1 - s]:
+            s += 1
+        start = _advance(i1 + 1, 1, old_text[:p])
+        end = _advance(i1 + 1, 1, old_text[: len(old_text) - s])
+        edits.append(Edit(start[0], start[1], end[0], end[1], new_text[p: len(new_text) - s]))
+    return tuple(edits)
+
+
+def _advance(line: int, col: int, text: str) -> tuple[int, int]:
+    nl = text.count("\n")
+    if nl:
+        return line + nl, len(text) - text.rfind("\n")
+    return line, col + len(text)
+
+
+# -- linting ------------------------------------------------------------------------------
+
+@dataclass
+class _Pass:
+    module: cst.Module | None
+    diagnostics: list[Diagnostic]
+    # (diagnostic, its fix, the span the fix touches)
+    fixable: list[tuple[Diagnostic, FixSpec, tuple[int, int, int, int]]]
+
+
+def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic]) -> _Pass:
+    infos = all_infos()
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else "invalid syntax"
+        errors.append(_diag_at(path, SYNTAX_ERROR, exc.raw_line, exc.raw_column + 1, f"SyntaxError: {exc.message}"
+                               if getattr(exc, "message", None) else msg))
+        return _Pass(None, [], [])
+    except RecursionError:
+        errors.append(_diag_at(path, SYNTAX_ERROR, 1, 1, "the file is nested too deeply to be parsed"))
+        return _Pass(None, [], [])
+
+    ctx = Context(path=path, min_torch=settings.min_torch)
+    rules = [cls(ctx) for cls in _rules_for(settings.enabled)]
+    dispatcher = _Dispatcher(ctx, rules)
+    try:
+        module.visit(dispatcher)
+    except RecursionError:
+        errors.append(_diag_at(path, INTERNAL_ERROR, 1, 1, "the file is nested too deeply to be checked"))
+        return _Pass(module, [], [])
+    for code, err in sorted(dispatcher.failures.items()):
+        errors.append(_diag_at(path, INTERNAL_ERROR, 1, 1, f"rule {code} failed on this file ({err}); "
+                               "the rest of the file was checked without it"))
+
+    reports: list[Report] = [r for r in ctx.reports if r.rule.code not in dispatcher.failures]
+    if not reports:
+        return _Pass(module, [], [])
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    diagnostics: list[Diagnostic] = []
+    fixable: list[tuple[Diagnostic, FixSpec, tuple[int, int, int, int]]] = []
+    seen: set[tuple] = set()
+    for rep in reports:
+        rng = positions.get(rep.node)
+        if rng is None:
+            continue
+        key = (rep.rule.code, rng.start.line, rng.start.column, rep.message)
+        if key in seen:
+            continue
+        seen.add(key)
+        info = infos[rep.rule.code]
+        fix = None
+        if rep.fix is not None and settings.want_edits:
+            new_code = apply_fixes(module, [rep.fix])
+            edits = text_edits(text, new_code)
+            if edits:
+                fix = Fix(rep.fix.title or rep.rule.fix_title or "Apply fix",
+                          Applicability.SAFE if rep.fix.safe else Applicability.UNSAFE, edits)
+        diag = Diagnostic(
+            path=path, line=rng.start.line, column=rng.start.column + 1, code=rep.rule.code,
+            end_line=rng.end.line, end_column=rng.end.column + 1, name=info.name,
+            severity=info.severity, message=rep.message,
+            fix_title=(rep.fix.title or rep.rule.fix_title) if rep.fix else None, fix=fix,
+        )
+        diagnostics.append(diag)
+        if rep.fix is not None:
+            spans = []
+            for node, _ in rep.fix.changes:
+                r = positions.get(node)
+                if r is not None:
+                    spans.append((r.start.line, r.start.column, r.end.line, r.end.column))
+            if spans:
+                lo = min(s[:2] for s in spans)
+                hi = max(s[2:] for s in spans)
+                fixable.append((diag, rep.fix, (lo[0], lo[1], hi[0], hi[1])))
+    return _Pass(module, diagnostics, fixable)
+
+
+def _apply_suppressions(path: str, text: str | None, data: bytes, diagnostics: list[Diagnostic],
+                        settings: Settings) -> list[Diagnostic]:
+    if text is None or not suppress.QUICK.search(data):
+        return diagnostics
+    sups = suppress.parse(text)
+    if not sups:
+        return diagnostics
+    kept = []
+    for d in diagnostics:
+        hit = False
+        for s in sups:
+            if s.file_level or s.line in (d.line, d.end_line):
+                entry = s.matches(d.code)
+                if entry is not None:
+                    s.used.add(entry)
+                    hit = True
+        if not hit:
+            kept.append(d)
+    if UNUSED_SUPPRESSION.code in settings.enabled:
+        known = all_infos()
+        for s in sups:
+            if s.codes is None:
+                if not s.used:
+                    kept.append(_diag_at(path, UNUSED_SUPPRESSION, s.line, s.column,
+                                         "unused suppression: nothing is reported here",
+                                         s.line, s.end_column))
+                continue
+            for c in s.codes:
+                if c in s.used:
+                    continue
+                matching = [k for k in known if k.startswith(c)]
+                if not matching:
+                    msg = f"unused suppression: unknown code {c}"
+                elif not any(k in settings.enabled for k in matching):
+                    continue  # the code is not enabled in this run, so it may well be needed
+                else:
+                    msg = f"unused suppression: {c} is not reported here"
+                kept.append(_diag_at(path, UNUSED_SUPPRESSION, s.line, s.column, msg, s.line, s.end_column))
+    return kept
+
+
+def _select_non_overlapping(fixable, allow_unsafe: bool) -> list[FixSpec]:
+    chosen: list[FixSpec] = []
+    taken: list[tuple[int, int, int, int]] = []
+    for _, spec, span in sorted(fixable, key=lambda f: f[2]):
+        if not spec.safe and not allow_unsafe:
+            continue
+        lo, hi = span[:2], span[2:]
+        if any(not (hi <= t[:2] or lo >= t[2:]) for t in taken):
+            continue
+        chosen.append(spec)
+        taken.append(span)
+    return chosen
+
+
+def lint_bytes(path: str, data: bytes, settings: Settings) -> FileResult:
+    """Lint one file's content. Never raises for any input."""
+    result = FileResult(path)
+    try:
+        return _lint_bytes(path, data, settings, result)
+    except Exception as exc:  # the last line of defence: one file never stops a run
+        result.diagnostics = [_diag_at(path, INTERNAL_ERROR, 1, 1, f"internal error ({type(exc).__name__}: {exc})")]
+        result.fixed = None
+        return result
+
+
+def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) -> FileResult:
+    enabled = settings.enabled
+    pattern = _prefilter(enabled)
+    has_sup = UNUSED_SUPPRESSION.code in enabled and suppress.QUICK.search(data) is not None
+    if (pattern is None or not pattern.search(data)) and not has_sup:
+        result.skipped = True
+        return result
+    errors: list[Diagnostic] = []
+    try:
+        text, encoding = decode(data)
+    except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
+        reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+        errors.append(_diag_at(path, READ_ERROR, 1, 1, f"cannot decode the file: {reason}"))
+        result.diagnostics = [d for d in errors if d.code in enabled or d.code == READ_ERROR.code]
+        return result
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        errors.append(_diag_at(path, SYNTAX_ERROR, line, 1, "SyntaxError: source code cannot contain null bytes"))
+        result.diagnostics = _filter_engine(errors, enabled)
+        return result
+
+    current = text
+    passed = _lint_text(path, current, settings, errors)
+    if settings.fix and passed.module is not None:
+        allow_unsafe = settings.fix == "unsafe"
+        for _ in range(MAX_FIX_ROUNDS):
+            reported = {id(d) for d in _apply_suppressions(path, current, data, passed.diagnostics, settings)}
+            candidates = [f for f in passed.fixable if id(f[0]) in reported]
+            chosen = _select_non_overlapping(candidates, allow_unsafe)
+            if not chosen:
+                break
+            new_text = apply_fixes(passed.module, chosen)
+            if new_text == current:
+                break
+            probe_errors: list[Diagnostic] = []
+            probe = _lint_text(path, new_text, settings, probe_errors)
+            if probe.module is None:
+                errors.append(_diag_at(path, INTERNAL_ERROR, 1, 1,
+                                       "a fix produced code that does not parse; the file was left as it was"))
+                break
+            current, passed = new_text, probe
+            errors = [e for e in errors if e.code != INTERNAL_ERROR.code] + probe_errors
+            result.fixes_applied += len(chosen)
+        if current != text:
+            result.fixed = current.encode(encoding)
+    diags = passed.diagnostics + _filter_engine(errors, enabled)
+    result.diagnostics = sorted(_apply_suppressions(path, current, result.fixed or data, diags, settings))
+    return result
+
+
+def _filter_engine(errors: list[Diagnostic], enabled: frozenset[str]) -> list[Diagnostic]:
+    # internal errors are always reported: hiding them would hide unchecked code
+    return [d for d in errors if d.code in enabled or d.code == INTERNAL_ERROR.code]

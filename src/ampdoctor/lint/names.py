@@ -1,0 +1,133 @@
+"""A small import-alias resolver.
+
+libcst's ScopeProvider/QualifiedNameProvider cost several times the parse, so the
+linter keeps its own table instead: it is filled while the single traversal walks the
+file, in source order, from ``import``/``from ... import`` statements at any depth and
+from simple assignments (``ac = functools.partial(torch.autocast, "cuda")``,
+``self.scaler = GradScaler()``). Scoping is deliberately flat: a name imported inside
+one function is visible to later code elsewhere in the file, which is what real
+training scripts need and costs nothing.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+_PARTIALS = {"functools.partial", "partial"}
+
+
+def dotted_name(node: cst.CSTNode | None) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _module_name(node: cst.BaseExpression | None) -> str:
+    return dotted_name(node) or ""
+
+
+class Names:
+    """Alias table: local name -> fully qualified name."""
+
+    __slots__ = ("aliases", "assigned", "partials", "module_level_imports")
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+        # dotted target ("scaler", "self.scaler") -> qualified name of the call that made it
+        self.assigned: dict[str, str] = {}
+        # name -> the functools.partial(...) call it was bound to
+        self.partials: dict[str, cst.Call] = {}
+        # top-level "import torch" style bindings: local name -> module
+        self.module_level_imports: dict[str, str] = {}
+
+    # -- filling ---------------------------------------------------------------
+    def add_import(self, node: cst.Import, top_level: bool) -> None:
+        for alias in node.names:
+            full = _module_name(alias.name)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+                self.aliases[local] = full
+            else:
+                local = full.split(".", 1)[0]
+                self.aliases[local] = local
+            if top_level:
+                self.module_level_imports[local] = self.aliases[local]
+
+    def add_import_from(self, node: cst.ImportFrom, top_level: bool) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            return
+        module = "." * len(node.relative) + _module_name(node.module)
+        for alias in node.names:
+            name = _module_name(alias.name)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            else:
+                local = name
+            full = f"{module}.{name}" if module else name
+            self.aliases[local] = full
+            if top_level:
+                self.module_level_imports[local] = full
+
+    def add_assign(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
+        if not isinstance(value, cst.Call):
+            # `ac = torch.autocast` style re-binding of a callable
+            q = self.qualified(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+            for t in targets:
+                d = dotted_name(t)
+                if d is None:
+                    continue
+                self.assigned.pop(d, None)
+                if q is not None and isinstance(t, cst.Name) and q != d and "." in q:
+                    self.aliases[t.value] = q
+            return
+        callee = self.qualified(value.func)
+        for t in targets:
+            d = dotted_name(t)
+            if d is None:
+                continue
+            if callee in _PARTIALS and value.args:
+                inner = self.qualified(value.args[0].value)
+                if inner and isinstance(t, cst.Name):
+                    self.aliases[t.value] = inner
+                    self.partials[t.value] = value
+                    continue
+            if callee is not None:
+                self.assigned[d] = callee
+
+    # -- queries ----------------------------------------------------------------
+    def qualified(self, node: cst.CSTNode | None) -> str | None:
+        """The qualified name an expression refers to, or None when it is not a name chain.
+
+        Unknown base names resolve to themselves (``float`` -> ``float``).
+        """
+        parts: list[str] = []
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        if not isinstance(node, cst.Name):
+            return None
+        base = self.aliases.get(node.value, node.value)
+        if parts:
+            return base + "." + ".".join(reversed(parts))
+        return base
+
+    def call_name(self, call: cst.Call) -> str | None:
+        return self.qualified(call.func)
+
+    def made_by(self, node: cst.CSTNode) -> str | None:
+        """Qualified name of the call whose result was assigned to this name/attribute."""
+        d = dotted_name(node)
+        return self.assigned.get(d) if d else None
+
+    def local_name_for(self, module: str) -> str | None:
+        """The top-level local name bound to ``module`` (``import torch as t`` -> ``t``)."""
+        for local, full in sorted(self.module_level_imports.items()):
+            if full == module:
+                return local
+        return None

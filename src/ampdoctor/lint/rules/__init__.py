@@ -1,0 +1,1 @@
+"""One rule per module. Every Rule subclass found here is registered automatically."""

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint.rule import FixSpec, Rule
+
+_EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache", "torch.mps.empty_cache",
+                "torch.xpu.empty_cache", "torch.npu.empty_cache"}
+_BATCHY = ("batch", "loader", "dataloader", "data", "sample", "step", "iter")
+_OOM = ("OutOfMemoryError", "RuntimeError", "MemoryError", "Exception")
+
+
+class EmptyCacheInLoop(Rule):
+    """``torch.cuda.empty_cache()`` on every batch of a training loop."""
+
+    code = "AMP401"
+    name = "empty-cache-in-loop"
+    severity = Severity.WARNING
+    message = ("`{f}()` runs on every batch: it frees nothing PyTorch would not reuse, forces a device "
+               "sync and makes the next allocations slow. Remove it, or call it only between epochs.")
+    fix_title = "Remove the `empty_cache()` call"
+    fix_availability = "unsafe"
+    words = (b"empty_cache",)
+    summary = "`torch.cuda.empty_cache()` inside the per-batch training loop."
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qn = self.ctx.names.call_name(node)
+        if qn not in _EMPTY_CACHE:
+            return
+        loop = None
+        for p in self.ctx.ancestors():
+            if isinstance(p, (cst.If, cst.IfExp)):
+                return  # guarded (every N steps, on low memory, behind a flag)
+            if isinstance(p, (cst.ExceptHandler, cst.Finally)):
+                return  # OOM handlers and cleanup
+            if isinstance(p, h.LOOPS):
+                loop = p
+                break
+            if isinstance(p, h.SCOPES):
+                return
+        if loop is None or not self._per_batch(loop):
+            return
+        self.report(node, self.message.format(f=qn.replace(".memory", "")), self._fix())
+
+    def _per_batch(self, loop: cst.CSTNode) -> bool:
+        header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
+        header_names = [n for part in header for n in h.names_in(part)]
+        if any("epoch" in n for n in header_names):
+            return False
+        body_nodes = list(h.walk(loop.body))
+        if any(isinstance(n, h.LOOPS) for n in body_nodes):
+            return False  # an outer loop (epochs, or items around an inner loop)
+        trains = any(h.method_call(n, "backward") for n in body_nodes)
+        batchy = any(any(w in n for w in _BATCHY) for n in header_names)
+        return trains or batchy and any(h.method_call(n, "step", "zero_grad") for n in body_nodes)
+
+    def _fix(self) -> FixSpec | None:
+        st = h.statement_of(self.ctx)
+        if st is None:
+            return None
+        line, block = st
+        if len(line.body) != 1:
+            return None
+        body = block.body
+        rep = cst.RemoveFromParent() if len(body) > 1 else line.with_changes(body=[cst.Pass()])
+        return FixSpec(((line, rep),), safe=False, title=self.fix_title)

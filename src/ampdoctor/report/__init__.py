@@ -1,0 +1,1 @@
+"""Renderers of plain lint/trace data. Only ``text`` imports rich."""
