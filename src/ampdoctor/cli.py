@@ -277,7 +277,8 @@ def _plain_summary(diags, files, fixed) -> str:
     out = f"Fixed {fixed} diagnostic{'s' * (fixed != 1)}.\n" if fixed else ""
     if not diags:
         return out + f"All checks passed ({files} file{'s' * (files != 1)} checked).\n"
-    return out + f"Found {len(diags)} diagnostic{'s' * (len(diags) != 1)} in {files} file{'s' * (files != 1)}.\n"
+    n, with_diags = len(diags), len({d.path for d in diags})
+    return out + f"Found {n} diagnostic{'s' * (n != 1)} in {with_diags} of {files} file{'s' * (files != 1)}.\n"
 
 
 @main.command()

@@ -58,9 +58,10 @@ def _rel(path: Path, root: Path) -> str | None:
         return None
 
 
-def is_excluded(path: Path, cfg: Config, opts: ExcludeOptions, is_dir: bool) -> bool:
+def is_excluded(path: Path, cfg: Config, opts: ExcludeOptions, is_dir: bool, base: Path | None = None) -> bool:
+    """Whether the excludes match ``path``, taken relative to ``base`` (default: the config's folder)."""
     spec = _exclude_spec(cfg, opts)
-    rel = _rel(path, cfg.root)
+    rel = _rel(path, base or cfg.root)
     if rel is None or rel == ".":
         rel = path.name
     return spec.match_file(rel + "/" if is_dir else rel)
@@ -134,8 +135,7 @@ def discover(paths: list[str], finder: Finder, opts: ExcludeOptions, cwd: Path) 
         if p.is_file():
             if opts.force_exclude:
                 cfg = finder.for_dir(p.parent)
-                if any(is_excluded(q, cfg, opts, q != p) for q in (p, *p.parents)
-                       if _rel(q, cfg.root) not in (None, ".")) or \
+                if _named_excluded(p, cfg, opts) or \
                         (opts.respect_gitignore and gitignores.ignored(p, False)):
                     continue
             add(p)
@@ -147,7 +147,16 @@ def discover(paths: list[str], finder: Finder, opts: ExcludeOptions, cwd: Path) 
     return sorted(targets.values(), key=lambda t: t.display), problems
 
 
+def _named_excluded(p: Path, cfg: Config, opts: ExcludeOptions) -> bool:
+    """Whether a path named on the command line, or a folder above it, is excluded."""
+    return any(is_excluded(q, cfg, opts, q != p) for q in (p, *p.parents)
+               if _rel(q, cfg.root) not in (None, "."))
+
+
 def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnores, add, problems, raw) -> None:
+    # A folder named on the command line is linted even when the excludes cover it; the
+    # excludes then apply to what lies below it, matched from that folder.
+    base = top if _named_excluded(top, finder.for_dir(top), opts) else None
     stack = [top]
     while stack:
         d = stack.pop()
@@ -166,7 +175,7 @@ def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnor
             except OSError:
                 continue
             if is_dir:
-                if is_excluded(p, cfg, opts, True) or (p / "pyvenv.cfg").exists():
+                if is_excluded(p, cfg, opts, True, base) or (p / "pyvenv.cfg").exists():
                     continue
                 if opts.respect_gitignore and gitignores.ignored(p, True):
                     continue
@@ -174,7 +183,7 @@ def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnor
             elif e.name.endswith(SUFFIXES):
                 if is_link and e.is_dir():
                     continue  # never follow links to folders (loops)
-                if is_excluded(p, cfg, opts, False):
+                if is_excluded(p, cfg, opts, False, base):
                     continue
                 if opts.respect_gitignore and gitignores.ignored(p, False):
                     continue
