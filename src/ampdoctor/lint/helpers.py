@@ -103,3 +103,213 @@ def names_in(node: cst.CSTNode) -> Iterator[str]:
     for n in walk(node, enter_scopes=True):
         if isinstance(n, cst.Name):
             yield n.value.lower()
+
+
+# -- dtypes ------------------------------------------------------------------------------
+
+_DTYPES = {
+    "torch.float16": "float16", "torch.half": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.float32": "float32", "torch.float": "float32",
+    "torch.float64": "float64", "torch.double": "float64",
+}
+_DTYPE_STRINGS = {"float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16",
+                  "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
+
+
+def string_value(node: cst.CSTNode | None) -> str | None:
+    """The value of a plain string literal (no f-strings), else None."""
+    if isinstance(node, cst.SimpleString):
+        try:
+            v = node.evaluated_value
+        except Exception:
+            return None
+        return v if isinstance(v, str) else None
+    return None
+
+
+def dtype_of(names: Names, expr: cst.CSTNode | None) -> str | None:
+    """``torch.float16``/``torch.half``/``"fp16"`` -> ``"float16"`` (also bfloat16, float32, float64)."""
+    if expr is None:
+        return None
+    q = names.qualified(expr)
+    if q in _DTYPES:
+        return _DTYPES[q]
+    s = string_value(expr)
+    if s is not None:
+        return _DTYPE_STRINGS.get(s.lower())
+    return None
+
+
+def mentions_dtype(names: Names, expr: cst.CSTNode, dtype: str) -> bool:
+    """Whether ``dtype`` appears anywhere in ``expr`` (``torch.bfloat16 if x else torch.float16``)."""
+    return dtype_of(names, expr) == dtype or any(dtype_of(names, n) == dtype for n in walk(expr, enter_scopes=True))
+
+
+def number_value(node: cst.CSTNode | None) -> float | None:
+    """The value of a numeric literal, with unary minus/plus, ``float("...")``, ``1e-9``; else None."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        v = number_value(node.expression)
+        if v is None:
+            return None
+        return -v if isinstance(node.operator, cst.Minus) else v
+    if isinstance(node, (cst.Integer, cst.Float)):
+        try:
+            return float(node.evaluated_value)
+        except (ValueError, OverflowError):
+            return None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ("float", "int") \
+            and len(node.args) == 1:
+        s = string_value(node.args[0].value)
+        if s is not None:
+            try:
+                return float(s)
+            except ValueError:
+                return None
+        return number_value(node.args[0].value)
+    return None
+
+
+# -- calls -------------------------------------------------------------------------------
+
+def arg(call: cst.Call, position: int | None, keyword: str | None) -> cst.BaseExpression | None:
+    """The value passed for a parameter, by keyword or by position (no *args/**kwargs)."""
+    if keyword is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == keyword:
+                return a.value
+    if position is not None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if position < len(positional):
+            return positional[position].value
+    return None
+
+
+def has_star_args(call: cst.Call) -> bool:
+    return any(a.star for a in call.args)
+
+
+# -- autocast ---------------------------------------------------------------------------
+
+AUTOCAST_GENERIC = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}
+AUTOCAST_CUDA = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast", "torch.cuda.autocast"}
+AUTOCAST_CPU = {"torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast", "torch.cpu.autocast"}
+AUTOCAST_ALL = AUTOCAST_GENERIC | AUTOCAST_CUDA | AUTOCAST_CPU
+
+
+class Autocast:
+    """What is statically known about one ``autocast(...)`` call."""
+
+    __slots__ = ("call", "qualified", "device", "dtype", "dtype_expr", "enabled")
+
+    def __init__(self, call, qualified, device, dtype, dtype_expr, enabled) -> None:
+        self.call = call
+        self.qualified = qualified
+        self.device: str | None = device  # "cuda", "cpu", ... or None when not a literal
+        self.dtype: str | None = dtype  # "float16"/"bfloat16"/... explicit, or None
+        self.dtype_expr = dtype_expr  # the dtype argument expression, None when absent
+        self.enabled: bool | None = enabled  # False for a literal False, None when unknown
+
+    @property
+    def effective_dtype(self) -> str | None:
+        """The dtype the block computes in, when known: explicit, else the device default."""
+        if self.dtype_expr is not None:
+            return self.dtype
+        if self.device == "cuda":
+            return "float16"
+        if self.device == "cpu":
+            return "bfloat16"
+        return None
+
+
+def _bool_value(node) -> bool | None:
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    return None
+
+
+def autocast_call(names: Names, call: cst.CSTNode) -> Autocast | None:
+    """Describe an autocast call (also through ``functools.partial`` aliases), else None."""
+    if not isinstance(call, cst.Call):
+        return None
+    q = names.qualified(call.func)
+    if q not in AUTOCAST_ALL:
+        return None
+    args = list(call.args)
+    if isinstance(call.func, cst.Name) and call.func.value in names.partials:
+        args = list(names.partials[call.func.value].args[1:]) + args
+    merged = call.with_changes(args=args) if args is not call.args else call
+    if q in AUTOCAST_GENERIC:
+        dev_expr = arg(merged, 0, "device_type")
+        device = string_value(dev_expr)
+        if device is not None:
+            device = device.split(":", 1)[0]
+        dtype_expr = arg(merged, 1, "dtype")
+        enabled_expr = arg(merged, 2, "enabled")
+    else:
+        device = "cuda" if q in AUTOCAST_CUDA else "cpu"
+        enabled_expr = arg(merged, 0, "enabled")
+        dtype_expr = arg(merged, 1, "dtype")
+    dtype = dtype_of(names, dtype_expr)
+    enabled = _bool_value(enabled_expr) if enabled_expr is not None else True
+    if enabled_expr is not None and enabled is None:
+        enabled = None
+    return Autocast(call, q, device, dtype, dtype_expr, enabled)
+
+
+def enclosing_autocasts(ctx: Context) -> list[Autocast]:
+    """Autocast regions around the current node, innermost first: ``with autocast(...)``
+    blocks and ``@autocast(...)`` decorators of enclosing functions (within the file)."""
+    out: list[Autocast] = []
+    stack = ctx.parents
+    for i in range(len(stack) - 2, -1, -1):
+        p = stack[i]
+        if isinstance(p, cst.With) and stack[i + 1] is p.body:
+            for item in p.items:
+                ac = autocast_call(ctx.names, item.item)
+                if ac is not None:
+                    out.append(ac)
+        elif isinstance(p, cst.FunctionDef):
+            for d in p.decorators:
+                ac = autocast_call(ctx.names, d.decorator)
+                if ac is not None:
+                    out.append(ac)
+    return out
+
+
+def in_autocast(ctx: Context) -> Autocast | None:
+    """The innermost autocast region around the current node that is (or may be) enabled."""
+    for ac in enclosing_autocasts(ctx):
+        return ac if ac.enabled is not False else None
+    return None
+
+
+# -- compatibility shims ------------------------------------------------------------------
+
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
+_VERSION_WORDS = ("version", "hasattr", "torch_version", "is_torch", "parse", "packaging")
+
+
+def in_compat_guard(ctx: Context) -> bool:
+    """Inside a try/except-ImportError shim or a torch-version / hasattr check."""
+    stack = ctx.parents
+    for i in range(len(stack) - 2, -1, -1):
+        p, child = stack[i], stack[i + 1]
+        if isinstance(p, cst.Try):
+            for hnd in p.handlers:
+                t = hnd.type
+                caught = []
+                if t is None:
+                    caught = ["ImportError"]
+                elif isinstance(t, cst.Tuple):
+                    caught = [dotted_name(e.value) or "" for e in t.elements]
+                else:
+                    caught = [dotted_name(t) or ""]
+                if any(c.rsplit(".", 1)[-1] in _IMPORT_ERRORS for c in caught):
+                    return True
+        elif isinstance(p, (cst.If, cst.IfExp)):
+            test = p.test
+            words = " ".join(names_in(test))
+            if any(w in words for w in _VERSION_WORDS):
+                return True
+    return False
