@@ -294,6 +294,12 @@ def rules(fmt: str) -> None:
             "default": i.default, "summary": i.summary,
         } for i in infos], indent=2))
         return
+    if not sys.stdout.isatty():
+        w = max(len(i.name) for i in infos)
+        for i in infos:
+            click.echo(f"{i.code}  {i.name:<{w}}  {i.severity.value:<7}  {(i.fix or '-'):<10}  "
+                       f"{'on ' if i.default else 'off'}  {i.summary}")
+        return
     from ampdoctor.report.text import render_rules
     render_rules(_console(sys.stdout, False), infos)
 

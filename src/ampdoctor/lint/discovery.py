@@ -38,7 +38,7 @@ def display_path(path: Path, cwd: Path) -> str:
 
 @lru_cache(maxsize=256)
 def _spec(patterns: tuple[str, ...]) -> pathspec.PathSpec:
-    return pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
 def _exclude_spec(cfg: Config, opts: ExcludeOptions) -> pathspec.PathSpec:
@@ -149,7 +149,7 @@ def discover(paths: list[str], finder: Finder, opts: ExcludeOptions, cwd: Path) 
 
 def _named_excluded(p: Path, cfg: Config, opts: ExcludeOptions) -> bool:
     """Whether a path named on the command line, or a folder above it, is excluded."""
-    return any(is_excluded(q, cfg, opts, q != p) for q in (p, *p.parents)
+    return any(is_excluded(q, cfg, opts, q != p or p.is_dir()) for q in (p, *p.parents)
                if _rel(q, cfg.root) not in (None, "."))
 
 

@@ -72,7 +72,7 @@ class SettingsResolver:
             hit = self._base[cfg] = resolve_selection(layers)
             from ampdoctor.lint.registry import expand
             self._pfi[cfg] = [
-                (pathspec.PathSpec.from_lines("gitwildmatch", [pat]),
+                (pathspec.GitIgnoreSpec.from_lines([pat]),
                  frozenset().union(*(expand(c) for c in codes)) if codes else frozenset())
                 for pat, codes in cfg.per_file_ignores
             ]

@@ -1,0 +1,76 @@
+"""Engine behaviour: encodings, robustness, pre-filter and determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from conftest import FIXTURES
+from ampdoctor.lint.engine import Settings, lint_bytes
+from ampdoctor.lint.registry import all_infos
+
+ALL = Settings(enabled=frozenset(all_infos()))
+BODY = ("import torch\n"
+        "for batch in loader:\n"
+        "    loss = model(batch)\n"
+        "    loss.backward()\n"
+        "    torch.cuda.empty_cache()\n")
+
+
+def codes(result):
+    return [(d.line, d.code) for d in result.diagnostics]
+
+
+def test_latin1_cookie_and_bom_are_honoured():
+    latin = ("# -*- coding: latin-1 -*-\n# caf\xe9\n" + BODY).encode("latin-1")
+    assert codes(lint_bytes("a.py", latin, ALL)) == [(7, "AMP401")]
+    bom = b"\xef\xbb\xbf" + BODY.encode()
+    assert codes(lint_bytes("b.py", bom, ALL)) == [(5, "AMP401")]
+
+
+def test_undecodable_file_is_a_read_error():
+    r = lint_bytes("c.py", BODY.encode() + b"# \xff\xfe\n", ALL)
+    assert [d.code for d in r.diagnostics] == ["AMP002"]
+    assert "cannot decode" in r.diagnostics[0].message
+
+
+def test_nul_bytes_and_syntax_errors_are_syntax_diagnostics():
+    r = lint_bytes("d.py", BODY.encode() + b"x = 1\x00\n", ALL)
+    assert [d.code for d in r.diagnostics] == ["AMP000"]
+    r = lint_bytes("e.py", BODY.encode() + b"def (:\n", ALL)
+    assert [(d.line, d.code) for d in r.diagnostics] == [(6, "AMP000")]
+
+
+def test_crlf_source_keeps_its_line_endings_when_fixed():
+    src = BODY.replace("\n", "\r\n").encode()
+    r = lint_bytes("f.py", src, Settings(enabled=ALL.enabled, fix="unsafe"))
+    assert r.fixed is not None and b"empty_cache" not in r.fixed
+    assert r.fixed.count(b"\r\n") == r.fixed.count(b"\n")
+
+
+def test_prefilter_skips_files_without_rule_words():
+    r = lint_bytes("g.py", b"def f(:\n  pass\n", ALL)
+    assert r.skipped and r.diagnostics == []
+
+
+def test_output_is_identical_across_hash_seeds_and_process_counts(tmp_path):
+    corpus = tmp_path / "corpus"
+    for i in range(40):  # enough files to use the process pool
+        d = corpus / f"d{i % 5}"
+        d.mkdir(parents=True, exist_ok=True)
+        src = FIXTURES / "lint" / ("seed_loop_wrong.py" if i % 2 else "seed_loop_right.py")
+        shutil.copy(src, d / f"f{i}.py")
+    outputs = set()
+    for seed, jobs in (("0", "1"), ("123", "2"), ("random", "2"), ("7", "1")):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-m", "ampdoctor", "lint", "--no-cache", "--format", "json",
+                              "-j", jobs, "corpus"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 1, out.stderr
+        outputs.add(out.stdout)
+    assert len(outputs) == 1
+    doc = json.loads(outputs.pop())
+    assert doc["summary"]["files"] == 40 and doc["summary"]["diagnostics"] == 20 * 4

@@ -1,0 +1,84 @@
+"""Installation-level promises: no torch on the lint path, docs in the wheel, pre-commit hooks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import FIXTURES, ROOT
+
+_BLOCK_TORCH = textwrap.dedent("""\
+    import sys
+
+    class _NoTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError("torch must not be imported by the linter")
+            return None
+
+    sys.meta_path.insert(0, _NoTorch())
+    import ampdoctor
+    from ampdoctor.cli import main
+    sys.argv = ["ampdoctor", "lint", "--no-cache", "-j", "2", "--format", "sarif", %r]
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    assert "torch" not in sys.modules, "torch was imported"
+    print("exit", code)
+""")
+
+
+def test_import_and_full_lint_run_never_import_torch():
+    script = _BLOCK_TORCH % str(FIXTURES)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "exit 1"
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "ampdoctor", "rules"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "AMP101" in out.stdout
+
+
+def test_wheel_carries_the_rule_docs(tmp_path):
+    pytest.importorskip("hatchling")
+    out = subprocess.run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    wheel = next(tmp_path.glob("ampdoctor-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    docs = sorted(p.name for p in (ROOT / "rules").glob("*.md"))
+    assert docs
+    for name in docs:
+        assert f"ampdoctor/_rules/{name}" in names
+    assert "ampdoctor/cli.py" in names
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
+    requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert not any("torch" in r for r in requires), requires
+
+
+def test_pre_commit_hooks_are_valid():
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    by_id = {h["id"]: h for h in hooks}
+    assert set(by_id) == {"ampdoctor", "ampdoctor-fix"}
+    for h in hooks:
+        assert set(h) >= {"id", "name", "entry", "language", "types"}
+        assert h["language"] == "python" and h["types"] == ["python"]
+        assert h["entry"].startswith("ampdoctor lint")
+        assert "--force-exclude" in h["entry"]
+    assert "--fix" in by_id["ampdoctor-fix"]["entry"]
+
+
+def test_hook_entry_with_no_python_files_does_not_crash(tmp_path):
+    (tmp_path / "README.md").write_text("nothing to lint\n")
+    out = subprocess.run([sys.executable, "-m", "ampdoctor", "lint", "--force-exclude"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "All checks passed (0 files checked)." in out.stdout
