@@ -106,8 +106,11 @@ class _GitIgnores:
         self._per_dir[directory] = specs
         return specs
 
-    def ignored(self, path: Path, is_dir: bool) -> bool:
+    def ignored(self, path: Path, is_dir: bool, floor: Path | None = None) -> bool:
+        """Whether git ignores ``path``; with ``floor``, only .gitignore files at or below it count."""
         for base, spec in self.specs(path.parent):
+            if floor is not None and _rel(base, floor) is None:
+                continue
             rel = _rel(path, base)
             if rel and spec.match_file(rel + "/" if is_dir else rel):
                 return True
@@ -157,6 +160,9 @@ def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnor
     # A folder named on the command line is linted even when the excludes cover it; the
     # excludes then apply to what lies below it, matched from that folder.
     base = top if _named_excluded(top, finder.for_dir(top), opts) else None
+    # likewise a folder that git ignores (say, a package inside .venv/) is linted when named
+    floor = top if opts.respect_gitignore and any(
+        gitignores.ignored(q, True) for q in (top, *top.parents) if q.parent != q) else None
     stack = [top]
     while stack:
         d = stack.pop()
@@ -177,7 +183,7 @@ def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnor
             if is_dir:
                 if is_excluded(p, cfg, opts, True, base) or (p / "pyvenv.cfg").exists():
                     continue
-                if opts.respect_gitignore and gitignores.ignored(p, True):
+                if opts.respect_gitignore and gitignores.ignored(p, True, floor):
                     continue
                 subdirs.append(p)
             elif e.name.endswith(SUFFIXES):
@@ -185,7 +191,7 @@ def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnor
                     continue  # never follow links to folders (loops)
                 if is_excluded(p, cfg, opts, False, base):
                     continue
-                if opts.respect_gitignore and gitignores.ignored(p, False):
+                if opts.respect_gitignore and gitignores.ignored(p, False, floor):
                     continue
                 add(p)
         stack.extend(reversed(subdirs))

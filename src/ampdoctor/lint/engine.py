@@ -18,7 +18,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ampdoctor.diagnostics import Applicability, Diagnostic, Edit, Fix
-from ampdoctor.lint import suppress
+from ampdoctor.lint import suppress, tree
 from ampdoctor.lint.registry import (
     INTERNAL_ERROR,
     READ_ERROR,
@@ -30,7 +30,7 @@ from ampdoctor.lint.registry import (
 from ampdoctor.lint.rule import Context, FixSpec, Report, Rule
 
 MAX_FIX_ROUNDS = 10
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_SCOPE_NAMES = frozenset({"FunctionDef", "ClassDef", "Lambda"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,23 @@ def _prefilter(enabled: frozenset[str]) -> re.Pattern[bytes] | None:
 
 
 @lru_cache(maxsize=None)
+def _words(cls: type[Rule]) -> re.Pattern[bytes] | None:
+    if not cls.words:
+        return None
+    return re.compile(b"|".join(re.escape(w) for w in sorted(cls.words)))
+
+
+def _active_rules(enabled: frozenset[str], data: bytes) -> list[type[Rule]]:
+    """The enabled rules whose words occur in the file: only those are run on it."""
+    out = []
+    for cls in _rules_for(enabled):
+        pattern = _words(cls)
+        if pattern is None or pattern.search(data):
+            out.append(cls)
+    return out
+
+
+@lru_cache(maxsize=None)
 def _methods(cls: type[Rule]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     visits = tuple(sorted(n[6:] for n in dir(cls) if n.startswith("visit_") and callable(getattr(cls, n))))
     leaves = tuple(sorted(n[6:] for n in dir(cls) if n.startswith("leave_") and callable(getattr(cls, n))))
@@ -80,11 +97,10 @@ def _methods(cls: type[Rule]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 # -- the single traversal ------------------------------------------------------------
 
-class _Dispatcher(cst.CSTVisitor):
+class _Dispatcher:
     """Runs every rule's visit_/leave_ methods in one walk and keeps the shared context."""
 
     def __init__(self, ctx: Context, rules: list[Rule]) -> None:
-        super().__init__()
         self.ctx = ctx
         self.rules = rules
         self.failures: dict[str, str] = {}
@@ -108,6 +124,23 @@ class _Dispatcher(cst.CSTVisitor):
         self.failures[code] = f"{type(exc).__name__}: {exc}"
         self._build()
 
+    def walk(self, module: cst.Module) -> None:
+        """Depth-first, in source order, over the meaningful nodes (see ``tree.py``)."""
+        children = tree.children
+        on_visit, on_leave = self.on_visit, self.on_leave
+        stack: list = [(module, False)]
+        pop, push = stack.pop, stack.append
+        while stack:
+            node, leaving = pop()
+            if leaving:
+                on_leave(node)
+                continue
+            on_visit(node)
+            push((node, True))
+            kids = children(node)
+            for i in range(len(kids) - 1, -1, -1):
+                push((kids[i], False))
+
     def on_visit(self, node: cst.CSTNode) -> bool:
         ctx = self.ctx
         ctx.parents.append(node)
@@ -125,14 +158,14 @@ class _Dispatcher(cst.CSTVisitor):
                     raise
                 except Exception as exc:  # a rule bug must not stop the other rules
                     self._fail(code, exc)
-        if isinstance(node, _SCOPES):
+        if t in _SCOPE_NAMES:
             ctx.scope_depth += 1
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         ctx = self.ctx
         t = type(original_node).__name__
-        if isinstance(original_node, _SCOPES):
+        if t in _SCOPE_NAMES:
             ctx.scope_depth -= 1
         fns = self.leave_table.get(t)
         if fns:
@@ -277,10 +310,10 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
         return _Pass(None, [], [])
 
     ctx = Context(path=path, min_torch=settings.min_torch)
-    rules = [cls(ctx) for cls in _rules_for(settings.enabled)]
+    rules = [cls(ctx) for cls in _active_rules(settings.enabled, text.encode("utf-8", "surrogatepass"))]
     dispatcher = _Dispatcher(ctx, rules)
     try:
-        module.visit(dispatcher)
+        dispatcher.walk(module)
     except RecursionError:
         errors.append(_diag_at(path, INTERNAL_ERROR, 1, 1, "the file is nested too deeply to be checked"))
         return _Pass(module, [], [])

@@ -6,6 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from ampdoctor.lint import tree
 from ampdoctor.lint.names import Names, dotted_name
 from ampdoctor.lint.rule import Context
 
@@ -15,14 +16,10 @@ GRAD_SCALERS = ("GradScaler", "ShardedGradScaler")
 
 
 def walk(node: cst.CSTNode, *, enter_scopes: bool = False) -> Iterator[cst.CSTNode]:
-    """Descendants of ``node`` in source order (``node`` excluded); nested defs are skipped."""
-    stack = list(reversed(node.children))
-    while stack:
-        n = stack.pop()
-        yield n
-        if not enter_scopes and isinstance(n, SCOPES):
-            continue
-        stack.extend(reversed(n.children))
+    """Descendants of ``node`` in source order (``node`` excluded); nested defs are skipped.
+
+    Whitespace, punctuation and comment nodes are not visited (see ``tree.py``)."""
+    return tree.walk(node, skip=() if enter_scopes else SCOPES)
 
 
 def enclosing_loop(ctx: Context) -> cst.CSTNode | None:

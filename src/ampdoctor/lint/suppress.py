@@ -11,7 +11,8 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-QUICK = re.compile(rb"#\s*(?:ampdoctor\s*:|noqa\s*:)", re.I)
+# a cheap look for comments that may concern ampdoctor; only then is the file tokenized
+QUICK = re.compile(rb"#\s*ampdoctor\s*:|#\s*noqa\s*:[^\n]*AMP", re.I)
 _AMPDOCTOR = re.compile(r"#\s*ampdoctor\s*:\s*(ignore-file|ignore)\b\s*(?:\[([^\]]*)\])?", re.I)
 _NOQA = re.compile(r"#\s*noqa\s*:\s*([A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*)", re.I)
 _CODE = re.compile(r"^AMP[0-9]*$")
