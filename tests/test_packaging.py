@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -82,3 +83,27 @@ def test_hook_entry_with_no_python_files_does_not_crash(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "All checks passed (0 files checked)." in out.stdout
+
+
+def _section(text: str, name: str) -> str:
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+    return text[text.index(start) + len(start): text.index(end)]
+
+
+def test_readme_rule_table_is_current():
+    readme = ROOT / "README.md"
+    text = readme.read_text("utf-8")
+    out = subprocess.run([sys.executable, "-m", "ampdoctor", "rules", "--format", "markdown"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    if os.environ.get("AMPDOCTOR_UPDATE_README"):
+        text = text.replace("<!-- rules:start -->\n" + _section(text, "rules"), "<!-- rules:start -->\n" + out)
+        readme.write_text(text, "utf-8")
+    assert _section(text, "rules") == out, "run: AMPDOCTOR_UPDATE_README=1 python -m pytest tests/test_packaging.py"
+
+
+def test_readme_setup_commands_and_ci_agree():
+    text = (ROOT / "README.md").read_text("utf-8")
+    assert "pip install . && ampdoctor lint fixtures/example/" in text
+    assert "pip install -e '.[test]' && python -m pytest -q" in text
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m pytest -q" in ci and "torch==2.13.0" in ci

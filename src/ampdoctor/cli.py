@@ -40,6 +40,11 @@ class _Group(click.Group):
             raise _fail(str(exc)) from None
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
+        except BrokenPipeError:
+            # the reader went away (`ampdoctor rules | head`): stop quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise click.exceptions.Exit(EXIT_FINDINGS) from None
         except KeyboardInterrupt:
             click.echo("ampdoctor: interrupted", err=True)
             raise click.exceptions.Exit(130) from None
@@ -282,12 +287,20 @@ def _plain_summary(diags, files, fixed) -> str:
 
 
 @main.command()
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
 def rules(fmt: str) -> None:
     """List every rule: code, name, severity, fix, on by default."""
     from ampdoctor.lint.registry import all_infos
 
     infos = list(all_infos().values())
+    if fmt == "markdown":
+        click.echo("| code | name | severity | fix | default | what it finds |")
+        click.echo("|---|---|---|---|---|---|")
+        for i in infos:
+            summary = i.summary.replace("|", "\\|")
+            click.echo(f"| {i.code} | {i.name} | {i.severity.value} | {i.fix or '-'} | "
+                       f"{'on' if i.default else 'off'} | {summary} |")
+        return
     if fmt == "json":
         click.echo(json.dumps([{
             "code": i.code, "name": i.name, "severity": i.severity.value, "fix": i.fix,
