@@ -1,0 +1,377 @@
+"""Logic shared by the mask, NaN and attention rules (AMP201, AMP202, AMP203, AMP208, AMP209).
+
+Everything here is static: constants are folded from literals, fp16 use is read off the
+file, and data flow is followed through simple ``name = expr`` bindings inside one function,
+in source order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import libcst as cst
+
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint.names import Names, dotted_name
+
+FP16_MAX = 65504.0
+
+_FINFO = {"torch.finfo", "numpy.finfo"}
+_WIDE_DTYPES = {
+    "torch.float32": "float32", "torch.float": "float32", "torch.float64": "float64", "torch.double": "float64",
+    "numpy.float32": "float32", "numpy.float64": "float64", "numpy.single": "float32", "numpy.double": "float64",
+}
+_WIDE_LIMITS = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
+_INF_NAMES = {"math.inf": math.inf, "torch.inf": math.inf, "numpy.inf": math.inf, "numpy.Inf": math.inf,
+              "numpy.infty": math.inf, "numpy.PINF": math.inf, "numpy.NINF": -math.inf}
+NAN_NAMES = {"math.nan", "torch.nan", "numpy.nan", "numpy.NaN", "numpy.NAN"}
+_FLOAT_INFO = {"sys.float_info.max": 1.7976931348623157e308}
+
+
+def module_constants(module: cst.Module, names: Names) -> dict[str, float]:
+    """Module-level ``NAME = <constant>`` bindings whose name is bound nowhere else in the file."""
+    found: dict[str, cst.BaseExpression] = {}
+    for stmt in module.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for s in stmt.body:
+                if isinstance(s, cst.Assign) and len(s.targets) == 1 and isinstance(s.targets[0].target, cst.Name):
+                    found[s.targets[0].target.value] = s.value
+    if not found:
+        return {}
+    # rebinding at module level, or through `global NAME` in a function, disqualifies a name;
+    # parameters and locals only shadow it inside their function (see `local_constants`)
+    bound: dict[str, int] = {}
+    for n in h.walk(module):
+        targets: list[cst.CSTNode] = []
+        if isinstance(n, cst.Assign):
+            targets = [t.target for t in n.targets]
+        elif isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+            targets = [n.target]
+        elif isinstance(n, (cst.For, cst.CompFor)):
+            targets = [n.target]
+        elif isinstance(n, (cst.FunctionDef, cst.ClassDef)):
+            targets = [n.name]
+        for t in targets:
+            for leaf in [t, *h.walk(t)]:
+                if isinstance(leaf, cst.Name):
+                    bound[leaf.value] = bound.get(leaf.value, 0) + 1
+    for n in h.walk(module, enter_scopes=True):
+        if isinstance(n, cst.Global):
+            for g in n.names:
+                bound[g.name.value] = 99
+    out = {}
+    for name, value in found.items():
+        if bound.get(name, 0) != 1:
+            continue
+        v = const_value(names, value)
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def local_constants(names: Names, flow: "FunctionFlow", module_consts: dict[str, float], at: int,
+                    guard_words: tuple[str, ...] = ()) -> dict[str, float]:
+    """The constants visible at preorder index ``at`` of a function: module constants not
+    shadowed there, plus locals bound exactly once to a constant before ``at`` (outside any
+    ``if`` whose test mentions one of ``guard_words``)."""
+    local_names = flow.params | {b.name for b in flow.bindings}
+    out = {k: v for k, v in module_consts.items() if k not in local_names}
+    counts: dict[str, int] = {}
+    for b in flow.bindings:
+        counts[b.name] = counts.get(b.name, 0) + 1
+    for b in flow.bindings:
+        if counts[b.name] != 1 or b.aug or b.value is None or b.name in flow.params or b.end >= at:
+            continue
+        stmt = flow.nodes[b.start]
+        if guard_words and any(isinstance(p, (cst.If, cst.IfExp)) and
+                               any(w in " ".join(h.names_in(p.test)) for w in guard_words)
+                               for p in flow.ancestors(stmt)):
+            continue
+        v = const_value(names, b.value, out)
+        if v is not None:
+            out[b.name] = v
+    return out
+
+
+def _finfo_limit(names: Names, node: cst.CSTNode) -> float | None:
+    """``torch.finfo(torch.float32).min`` -> -3.4e38; None when the dtype is not a literal wide one."""
+    if not (isinstance(node, cst.Attribute) and node.attr.value in ("min", "max") and isinstance(node.value, cst.Call)):
+        return None
+    call = node.value
+    if names.qualified(call.func) not in _FINFO:
+        return None
+    dt = h.arg(call, 0, "type")
+    if dt is None and not call.args:
+        kind = "float32"  # the default dtype
+    else:
+        kind = _WIDE_DTYPES.get(names.qualified(dt) or "")
+    if kind is None:
+        return None
+    lim = _WIDE_LIMITS[kind]
+    return -lim if node.attr.value == "min" else lim
+
+
+def const_value(names: Names, node: cst.CSTNode | None, consts: dict[str, float] | None = None) -> float | None:
+    """Fold a numeric constant: literals, ``float("-inf")``, ``2**30``, ``-1e4 * 1e5``,
+    ``math.inf``, ``torch.finfo(torch.float32).min``, module constants; else None."""
+    if node is None:
+        return None
+    v = h.number_value(node)
+    if v is not None:
+        return v
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        v = const_value(names, node.expression, consts)
+        if v is None:
+            return None
+        return -v if isinstance(node.operator, cst.Minus) else v
+    if isinstance(node, cst.BinaryOperation):
+        a = const_value(names, node.left, consts)
+        b = const_value(names, node.right, consts)
+        if a is None or b is None:
+            return None
+        op = node.operator
+        try:
+            if isinstance(op, cst.Add):
+                return a + b
+            if isinstance(op, cst.Subtract):
+                return a - b
+            if isinstance(op, cst.Multiply):
+                return a * b
+            if isinstance(op, cst.Divide) and b != 0:
+                return a / b
+            if isinstance(op, cst.Power) and abs(b) <= 1024:
+                return float(a ** b)
+        except (OverflowError, ZeroDivisionError, ValueError):
+            return None
+        return None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ("float", "int") \
+            and len(node.args) == 1 and node.func.value not in names.aliases:
+        return const_value(names, node.args[0].value, consts)
+    if isinstance(node, cst.Attribute):
+        lim = _finfo_limit(names, node)
+        if lim is not None:
+            return lim
+        q = names.qualified(node)
+        if q in _INF_NAMES:
+            return _INF_NAMES[q]
+        if q in NAN_NAMES:
+            return math.nan
+        if q in _FLOAT_INFO:
+            return _FLOAT_INFO[q]
+        return None
+    if isinstance(node, cst.Name) and consts and node.value in consts:
+        return consts[node.value]
+    return None
+
+
+def is_nan_constant(names: Names, node: cst.CSTNode, consts: dict[str, float] | None = None) -> bool:
+    if isinstance(node, (cst.Attribute, cst.Name)) and names.qualified(node) in NAN_NAMES:
+        return True
+    v = const_value(names, node, consts)
+    return v is not None and math.isnan(v)
+
+
+def is_finfo_min(names: Names, node: cst.CSTNode) -> bool:
+    """``torch.finfo(<anything>).min``."""
+    return isinstance(node, cst.Attribute) and node.attr.value == "min" and isinstance(node.value, cst.Call) \
+        and names.qualified(node.value.func) == "torch.finfo"
+
+
+# -- fp16 in the file ---------------------------------------------------------------------
+
+_FP16_STRINGS = {"fp16", "float16", "16-mixed", "16-true", "--fp16", "16"}
+_HALF_QUALIFIED = {"torch.float16", "torch.half", "torch.cuda.HalfTensor", "torch.HalfTensor"}
+
+
+def fp16_evidence(names: Names, module: cst.Module) -> cst.CSTNode | None:
+    """A node showing that the file may compute in float16, else None.
+
+    Counts ``torch.float16``/``torch.half``, ``.half()``, float16 autocast (also CUDA autocast
+    without a dtype, which defaults to float16), a GradScaler (only float16 needs one),
+    ``fp16`` identifiers (``args.fp16``) and precision strings such as ``"fp16"``. A file
+    that only uses bfloat16 shows none.
+    """
+    for n in h.walk(module, enter_scopes=True):
+        if isinstance(n, cst.Attribute):
+            if names.qualified(n) in _HALF_QUALIFIED or "fp16" in n.attr.value.lower():
+                return n
+        elif isinstance(n, cst.Name):
+            if "fp16" in n.value.lower() or names.qualified(n) in _HALF_QUALIFIED:
+                return n
+        elif isinstance(n, cst.Call):
+            if h.method_call(n, "half") and not n.args:
+                return n
+            q = names.qualified(n.func)
+            if h.is_grad_scaler_name(q):
+                return n
+            ac = h.autocast_call(names, n)
+            if ac is not None and ac.enabled is not False:
+                if ac.dtype == "float16" or (ac.dtype_expr is None and ac.device in ("cuda", None)):
+                    return n
+            for a in n.args:
+                if a.keyword is not None and a.keyword.value == "precision":
+                    v = h.string_value(a.value)
+                    if (v is not None and v.lower() in _FP16_STRINGS) or h.number_value(a.value) == 16:
+                        return n
+        elif isinstance(n, cst.SimpleString):
+            v = h.string_value(n)
+            if v is not None and v.lower() in _FP16_STRINGS - {"16"}:
+                return n
+    return None
+
+
+# -- function-level data flow -----------------------------------------------------------
+
+@dataclass
+class Binding:
+    name: str
+    value: cst.BaseExpression | None  # None for bindings this module cannot follow
+    start: int  # preorder index of the statement
+    end: int  # last preorder index inside it: the binding is visible after this
+    aug: bool = False  # `x += y` style
+
+
+@dataclass
+class FunctionFlow:
+    """Source-ordered view of one function body (nested defs excluded)."""
+
+    fn: cst.FunctionDef
+    order: dict[int, int] = field(default_factory=dict)  # id(node) -> preorder index
+    end: dict[int, int] = field(default_factory=dict)  # id(node) -> last preorder index of its subtree
+    parent: dict[int, cst.CSTNode] = field(default_factory=dict)
+    nodes: list[cst.CSTNode] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=list)
+    params: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, fn: cst.FunctionDef) -> "FunctionFlow":
+        flow = cls(fn)
+        for p in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
+            flow.params.add(p.name.value)
+        for p in (fn.params.star_arg, fn.params.star_kwarg):
+            if isinstance(p, cst.Param):
+                flow.params.add(p.name.value)
+        flow._number(fn.body)
+        for n in flow.nodes:
+            if isinstance(n, cst.Assign):
+                for t in n.targets:
+                    flow._bind(t.target, n.value, n)
+            elif isinstance(n, cst.AnnAssign) and n.value is not None:
+                flow._bind(n.target, n.value, n)
+            elif isinstance(n, cst.AugAssign):
+                d = dotted_name(n.target)
+                if d is not None:
+                    flow.bindings.append(Binding(d, n.value, flow.order[id(n)], flow.end[id(n)], aug=True))
+            elif isinstance(n, (cst.For, cst.CompFor)):
+                flow._bind(n.target, None, n, header_only=True)
+            elif isinstance(n, cst.NamedExpr):
+                flow._bind(n.target, n.value, n)
+            elif isinstance(n, cst.WithItem) and n.asname is not None:
+                flow._bind(n.asname.name, None, n)
+        return flow
+
+    def _number(self, root: cst.CSTNode) -> None:
+        stack: list[tuple[cst.CSTNode, bool]] = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                self.end[id(node)] = len(self.nodes) - 1
+                continue
+            self.order[id(node)] = len(self.nodes)
+            self.nodes.append(node)
+            stack.append((node, True))
+            if node is not root and isinstance(node, h.SCOPES):
+                continue
+            for c in reversed(node.children):
+                self.parent[id(c)] = node
+                stack.append((c, False))
+
+    def _bind(self, target: cst.CSTNode, value, stmt: cst.CSTNode, header_only: bool = False) -> None:
+        end = self.order[id(stmt)] if header_only else self.end[id(stmt)]
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for e in target.elements:
+                self._bind(e.value, None, stmt, header_only)
+            return
+        if isinstance(target, cst.StarredElement):
+            self._bind(target.value, None, stmt, header_only)
+            return
+        d = dotted_name(target)
+        if d is not None:
+            self.bindings.append(Binding(d, value, self.order[id(stmt)], end))
+
+    # -- queries ----------------------------------------------------------------
+    def pos(self, node: cst.CSTNode) -> int:
+        return self.order.get(id(node), -1)
+
+    def binding_at(self, name: str, at: int) -> Binding | None:
+        """The most recent binding of ``name`` visible at preorder index ``at``."""
+        best = None
+        for b in self.bindings:
+            if b.name == name and b.end < at and (best is None or b.end > best.end):
+                best = b
+        return best
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        p = self.parent.get(id(node))
+        while p is not None:
+            yield p
+            p = self.parent.get(id(p))
+
+    def within(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+        i = self.pos(node)
+        return self.pos(outer) <= i <= self.end.get(id(outer), -2)
+
+
+def expr_names(node: cst.CSTNode) -> set[str]:
+    """Dotted names read by an expression (``x``, ``self.mask``), nested lambdas included."""
+    out: set[str] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (cst.Name, cst.Attribute)):
+            d = dotted_name(n)
+            if d is not None:
+                out.add(d)
+                if isinstance(n, cst.Attribute):
+                    # `x.shape`, `self.mask` : also the base names
+                    base = n.value
+                    while isinstance(base, cst.Attribute):
+                        bd = dotted_name(base)
+                        if bd:
+                            out.add(bd)
+                        base = base.value
+                    if isinstance(base, cst.Name):
+                        out.add(base.value)
+                continue
+        if isinstance(n, cst.Attribute):
+            todo.append(n.value)
+            continue
+        todo.extend(n.children)
+    return out
+
+
+UPCAST_METHODS = ("float", "double")
+_FP32 = ("float32", "float64")
+
+
+def is_upcast(names: Names, node: cst.CSTNode) -> bool:
+    """``x.float()``, ``x.double()``, ``x.to(torch.float32)``, ``x.to(dtype=torch.float32)``,
+    ``x.type(torch.float32)``: an explicit cast to a wide float type."""
+    mc = h.method_call(node, "float", "double", "to", "type")
+    if mc is None:
+        return False
+    _, meth = mc
+    call: cst.Call = node  # type: ignore[assignment]
+    if meth in UPCAST_METHODS:
+        return not call.args
+    for a in call.args:
+        if a.keyword is None or a.keyword.value == "dtype":
+            if h.dtype_of(names, a.value) in _FP32:
+                return True
+    return False
+
+
+def contains_upcast(names: Names, node: cst.CSTNode) -> bool:
+    return is_upcast(names, node) or any(is_upcast(names, n) for n in h.walk(node, enter_scopes=True))

@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import mask_util as mu
+from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.rule import FixSpec, Rule
+
+# methods that keep the dtype of their receiver: `torch.ones(n, n).triu(1).masked_fill(...)`
+_SAME_DTYPE = ("view", "reshape", "unsqueeze", "squeeze", "expand", "expand_as", "triu", "tril", "transpose",
+               "permute", "contiguous", "clone", "repeat", "flatten", "detach", "cuda", "cpu", "view_as",
+               "masked_fill", "masked_fill_", "fill_", "__getitem__")
+_FACTORIES = {"torch.zeros", "torch.ones", "torch.full", "torch.empty", "torch.rand", "torch.randn", "torch.arange",
+              "torch.tensor", "torch.eye", "torch.linspace", "torch.as_tensor"}
+_TENSOR_OF = {"torch.tensor", "torch.as_tensor", "torch.scalar_tensor"}
+_GUARD_WORDS = ("dtype", "fp16", "half", "float16", "float32", "autocast", "finfo", "precision")
+_CODE = cst.Module([])
+
+
+@dataclass
+class _Candidate:
+    call: cst.Call
+    recv: cst.BaseExpression
+    value: cst.BaseExpression
+    fn: cst.FunctionDef | None
+    guarded: bool
+
+
+class MaskFillOverflow(Rule):
+    """``masked_fill`` with a constant beyond the float16 range, in a file that uses float16."""
+
+    code = "AMP201"
+    name = "mask-fill-overflow"
+    severity = Severity.ERROR
+    message = ("`{call}` fills with {value}, which float16 cannot hold: on a float16 tensor (fp16 autocast, "
+               "`.half()`) it raises \"value cannot be converted to type c10::Half without overflow\". "
+               "Fill with `torch.finfo({recv}.dtype).{lim}` instead.")
+    fix_title = "Fill with `torch.finfo({recv}.dtype).{lim}`"
+    fix_availability = "unsafe"
+    words = (b"masked_fill",)
+    summary = "`masked_fill` with a constant such as -1e9 that overflows float16, in a file that uses float16."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.candidates: list[_Candidate] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        mc = h.method_call(node, "masked_fill", "masked_fill_")
+        if mc is None:
+            return
+        if self.ctx.names.qualified(node.func) in ("torch.masked_fill", "torch.Tensor.masked_fill"):
+            recv = h.arg(node, 0, "input")
+            value = h.arg(node, 2, "value")
+        else:
+            recv = mc[0]
+            value = h.arg(node, 1, "value")
+        if recv is None or value is None or h.has_star_args(node):
+            return
+        self.candidates.append(_Candidate(node, recv, value, self._function(), self._dtype_guarded()))
+
+    def _function(self) -> cst.FunctionDef | None:
+        scope = h.enclosing_scope(self.ctx)
+        return scope if isinstance(scope, cst.FunctionDef) else None
+
+    def _dtype_guarded(self) -> bool:
+        """Inside ``if x.dtype == torch.float16`` (or any precision test): the author chose the value per dtype."""
+        for p in self.ctx.ancestors():
+            if isinstance(p, (cst.If, cst.IfExp, cst.While)):
+                words = " ".join(h.names_in(p.test))
+                if any(w in words for w in _GUARD_WORDS):
+                    return True
+            if isinstance(p, h.SCOPES):
+                return False
+        return False
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.candidates:
+            return
+        names = self.ctx.names
+        consts = mu.module_constants(node, names)
+        flows: dict[int, mu.FunctionFlow] = {}
+        found = []
+        for c in self.candidates:
+            if c.guarded:
+                continue
+            flow = None
+            if c.fn is not None:
+                flow = flows.get(id(c.fn))
+                if flow is None:
+                    flow = flows[id(c.fn)] = mu.FunctionFlow.of(c.fn)
+            v = self._value(c.value, consts, flow, c.call)
+            if v is None or v != v or abs(v) <= mu.FP16_MAX or v in (float("inf"), float("-inf")):
+                continue
+            if self._wide(c.recv, flow, c.call, 0):
+                continue
+            found.append((c, v))
+        if not found or mu.fp16_evidence(names, node) is None:
+            return
+        for c, v in found:
+            recv = dotted_name(c.recv)
+            lim = "min" if v < 0 else "max"
+            call_text = _CODE.code_for_node(c.call.func)
+            value_text = f"`{_CODE.code_for_node(c.value).strip()}`"
+            if h.number_value(c.value) is None:
+                value_text += f" (= {v:g})"
+            msg = self.message.format(call=f"{call_text}(...)", value=value_text,
+                                      recv=recv or "x", lim=lim)
+            self.report(c.call, msg, self._fix(c, recv, lim))
+
+    def _value(self, value, consts, flow, call) -> float | None:
+        if isinstance(value, cst.Call) and self.ctx.names.qualified(value.func) in _TENSOR_OF and value.args:
+            value = value.args[0].value
+        if flow is not None:
+            consts = mu.local_constants(self.ctx.names, flow, consts, flow.pos(call), _GUARD_WORDS)
+        return mu.const_value(self.ctx.names, value, consts)
+
+    def _wide(self, expr, flow, at, depth: int) -> bool:
+        """Whether ``expr`` is known to be a float32/float64 tensor (or a factory default-dtype one)."""
+        names = self.ctx.names
+        while True:
+            if mu.is_upcast(names, expr):
+                return True
+            if isinstance(expr, cst.Subscript):
+                expr = expr.value
+                continue
+            mc = h.method_call(expr, *_SAME_DTYPE)
+            if mc is not None:
+                expr = mc[0]
+                continue
+            mc = h.method_call(expr, "to")
+            if mc is not None and not any(a.keyword is not None and a.keyword.value == "dtype" for a in expr.args) \
+                    and len(expr.args) == 1 and h.dtype_of(names, expr.args[0].value) is None \
+                    and not isinstance(expr.args[0].value, (cst.Name, cst.Attribute)):
+                expr = mc[0]  # `.to("cuda")`
+                continue
+            break
+        if isinstance(expr, cst.Call):
+            q = names.qualified(expr.func)
+            if q in _FACTORIES:
+                dt = h.arg(expr, None, "dtype")
+                return dt is None or h.dtype_of(names, dt) in ("float32", "float64")
+            return False
+        if flow is None or depth > 3:
+            return False
+        d = dotted_name(expr)
+        if d is None:
+            return False
+        b = flow.binding_at(d, flow.pos(at))
+        if b is None or b.aug or b.value is None:
+            return False
+        return self._wide(b.value, flow, flow.nodes[b.start], depth + 1)
+
+    def _fix(self, c: _Candidate, recv: str | None, lim: str) -> FixSpec | None:
+        if recv is None:
+            return None
+        torch_name = self.ctx.names.local_name_for("torch")
+        imports: tuple[str, ...] = ()
+        if torch_name is None:
+            torch_name, imports = "torch", ("torch",)
+        new = cst.parse_expression(f"{torch_name}.finfo({recv}.dtype).{lim}")
+        return FixSpec(((c.value, new),), safe=False, title=self.fix_title.format(recv=recv, lim=lim),
+                       imports=imports)
