@@ -14,6 +14,7 @@ from typing import Iterator
 import libcst as cst
 
 from ampdoctor.lint import helpers as h
+from ampdoctor.lint import tree
 from ampdoctor.lint.names import Names, dotted_name
 
 FP16_MAX = 65504.0
@@ -284,7 +285,7 @@ class FunctionFlow:
             stack.append((node, True))
             if node is not root and isinstance(node, h.SCOPES):
                 continue
-            for c in reversed(node.children):
+            for c in reversed(tree.children(node)):
                 self.parent[id(c)] = node
                 stack.append((c, False))
 
@@ -348,7 +349,7 @@ def expr_names(node: cst.CSTNode) -> set[str]:
         if isinstance(n, cst.Attribute):
             todo.append(n.value)
             continue
-        todo.extend(n.children)
+        todo.extend(tree.children(n))
     return out
 
 
