@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint.rule import FixSpec
+from ampdoctor.lint.scaler_util import ScalerFlow, code_of, exclusive, reaches, short, strip_parens
+
+
+class PlainBackwardWithScaler(ScalerFlow):
+    """``loss.backward()`` without ``S.scale()`` on the path to ``S.step(opt)``."""
+
+    code = "AMP105"
+    name = "plain-backward-with-scaler"
+    severity = Severity.ERROR
+    message = ("`{l}.backward()` is not scaled, yet `{s}.step({o})` divides these gradients by the loss "
+               "scale (or fails when no scale was set yet). Use `{s}.scale({l}).backward()`.")
+    fix_title = "Scale the loss: `{s}.scale({l}).backward()`"
+    fix_availability = "unsafe"
+    words = (b"caler.step(", b"GradScaler")
+    summary = "An unscaled `loss.backward()` whose gradients are stepped by `GradScaler.step()`."
+
+    def leave_Module(self, node: cst.Module) -> None:
+        for p in self.events:
+            if p.kind != "plain_bw":
+                continue
+            region = [e for e in self.events if e.region == p.region]
+            if any(e.kind in ("scale_bw", "maybe_bw") and exclusive(e, p) for e in region):
+                continue  # `if amp: S.scale(l).backward() else: l.backward()`: a deliberate switch
+            later = [e for e in region if e.order > p.order and reaches(p, e)]
+            q = next((e for e in later if e.kind == "step"), None)
+            if q is None:
+                continue
+            if any(e.kind == "update" and e.scaler == q.scaler for e in later if e.order < q.order):
+                continue
+            scaler_opts = {e.arg for e in region if e.kind in ("step", "unscale")}
+            if any(e.kind == "plain_step" and e.arg not in scaler_opts for e in later):
+                continue  # these gradients feed another, unscaled optimizer
+            recv = p.extra["receiver"]
+            text = short(code_of(strip_parens(recv)))
+            fix = None
+            if set(q.branches) <= set(p.branches):
+                new_recv = cst.parse_expression(f"{q.scaler}.scale(x)")
+                new_recv = new_recv.with_changes(args=[cst.Arg(strip_parens(recv))])
+                fix = FixSpec(((recv, new_recv),), safe=False, title=self.fix_title.format(s=q.scaler, l=text))
+            self.report(p.node, self.message.format(l=text, s=q.scaler, o=q.arg), fix)

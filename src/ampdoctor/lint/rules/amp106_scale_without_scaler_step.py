@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint.scaler_util import ScalerFlow, reaches
+
+
+class ScaleWithoutScalerStep(ScalerFlow):
+    """``S.scale(loss).backward()`` followed by a plain ``optimizer.step()``."""
+
+    code = "AMP106"
+    name = "scale-without-scaler-step"
+    severity = Severity.ERROR
+    message = ("`{o}.step()` follows `{s}.scale(...).backward()` without `{s}.step()`: the update uses "
+               "gradients still multiplied by the loss scale and inf/NaN steps are not skipped. Call "
+               "`{s}.step({o})` and then `{s}.update()` instead.")
+    fix_title = "Replace with `{s}.step({o})` followed by `{s}.update()`"
+    fix_availability = "suggestion"
+    words = (b"caler.scale(", b"GradScaler")
+    summary = "`GradScaler.scale(loss).backward()` followed by a plain `optimizer.step()`."
+
+    def leave_Module(self, node: cst.Module) -> None:
+        for t in self.events:
+            if t.kind != "plain_step":
+                continue
+            region = [e for e in self.events if e.region == t.region]
+            if any(e.kind in ("step", "unscale", "unscale_any") for e in region):
+                continue  # the scaler steps (or unscales) somewhere in this function
+            b = next((e for e in reversed(region) if e.kind == "scale_bw" and e.order < t.order
+                      and reaches(e, t)), None)
+            if b is None:
+                continue
+            self.report(t.node, self.message.format(o=t.arg, s=b.scaler))
