@@ -1,0 +1,193 @@
+"""Helpers shared by the autocast-usage rules (AMP303-AMP309) and the deprecated-API
+rules (AMP501, AMP502). Only those rules import this module."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import libcst as cst
+
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.rule import Context
+
+# torch.autocast(device_type, dtype, enabled, cache_enabled) and the device-specific
+# torch.cuda.amp.autocast(enabled, dtype, cache_enabled): where cache_enabled sits
+_CACHE_POS_GENERIC = 3
+_CACHE_POS_DEVICE = 2
+
+
+class Region:
+    """An autocast region around the current node and the node that opens it
+    (a ``With`` or a decorated ``FunctionDef``)."""
+
+    __slots__ = ("ac", "node")
+
+    def __init__(self, ac: h.Autocast, node: cst.CSTNode) -> None:
+        self.ac = ac
+        self.node = node
+
+    @property
+    def body(self) -> cst.CSTNode:
+        return self.node.body  # type: ignore[attr-defined]
+
+
+def regions(ctx: Context) -> list[Region]:
+    """Autocast regions around the current node, innermost first, that really run around it.
+
+    Unlike ``helpers.enclosing_autocasts`` this stops at the enclosing def/lambda/class: the
+    body of a function defined inside ``with autocast():`` does not run in that block. The
+    decorators of the innermost enclosing function still count.
+    """
+    out: list[Region] = []
+    stack = ctx.parents
+    for i in range(len(stack) - 2, -1, -1):
+        p = stack[i]
+        if isinstance(p, cst.With) and stack[i + 1] is p.body:
+            for item in p.items:
+                ac = h.autocast_call(ctx.names, item.item)
+                if ac is not None:
+                    out.append(Region(ac, p))
+        elif isinstance(p, cst.FunctionDef):
+            for d in p.decorators:
+                ac = h.autocast_call(ctx.names, d.decorator)
+                if ac is not None:
+                    out.append(Region(ac, p))
+            break
+        elif isinstance(p, (cst.Lambda, cst.ClassDef)):
+            break
+    return out
+
+
+def active_region(ctx: Context) -> Region | None:
+    """The innermost autocast region around the current node when it is (or may be) enabled."""
+    rs = regions(ctx)
+    if rs and rs[0].ac.enabled is not False:
+        return rs[0]
+    return None
+
+
+def cache_enabled(ac: h.Autocast) -> bool | None:
+    """The literal ``cache_enabled`` of an autocast call (None when absent or not a literal)."""
+    pos = _CACHE_POS_GENERIC if ac.qualified in h.AUTOCAST_GENERIC else _CACHE_POS_DEVICE
+    v = h.arg(ac.call, pos, "cache_enabled")
+    if isinstance(v, cst.Name) and v.value in ("True", "False"):
+        return v.value == "True"
+    return None
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def short(node: cst.CSTNode, limit: int = 40) -> str:
+    """Source of a node on one line, shortened for messages."""
+    s = " ".join(code(node).split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def in_nested_scope(ctx: Context, root: cst.CSTNode) -> bool:
+    """Whether a def/lambda/class lies between the current node and ``root``."""
+    for p in ctx.ancestors():
+        if p is root:
+            return False
+        if isinstance(p, h.SCOPES):
+            return True
+    return False
+
+
+def order(root: cst.CSTNode) -> dict[int, tuple[int, int]]:
+    """id(node) -> (pre-order index, index of the last node in its subtree), nested scopes
+    included, for "does A come before B" questions inside ``root``."""
+    out: dict[int, tuple[int, int]] = {}
+    counter = 0
+
+    def visit(n: cst.CSTNode) -> None:
+        nonlocal counter
+        start = counter
+        counter += 1
+        for c in n.children:
+            visit(c)
+        out[id(n)] = (start, counter - 1)
+
+    visit(root)
+    return out
+
+
+def words(text: str) -> list[str]:
+    """``safe_bf16_supported`` -> ["safe", "bf16", "supported"]; camelCase is split too."""
+    text = re.sub(r"([a-z])([A-Z])", r"\1_\2", text)
+    return [w for w in re.split(r"[^0-9a-zA-Z]+", text.lower()) if w]
+
+
+def torch_local(names: Names) -> tuple[str, tuple[str, ...]]:
+    """The local name of the torch module and the imports a fix needs to use it."""
+    local = names.local_name_for("torch")
+    if local is not None:
+        return local, ()
+    return "torch", ("torch",)
+
+
+def attr_chain(dotted: str) -> cst.BaseExpression:
+    """``a.b.c`` -> the Attribute chain."""
+    parts = dotted.split(".")
+    node: cst.BaseExpression = cst.Name(parts[0])
+    for p in parts[1:]:
+        node = cst.Attribute(value=node, attr=cst.Name(p))
+    return node
+
+
+def string(value: str) -> cst.SimpleString:
+    return cst.SimpleString(f'"{value}"')
+
+
+def module_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
+    for n in h.walk(node):
+        if isinstance(n, cst.Call):
+            yield n
+
+
+def is_name_chain(expr: cst.CSTNode) -> bool:
+    return dotted_name(expr) is not None
+
+
+def in_fallback(ctx: Context, uses_new_api) -> bool:
+    """Inside an ``except`` handler (of any exception type) of a ``try`` whose body uses the new
+    API, e.g. ``try: torch.is_autocast_enabled(dev) except TypeError: torch.is_autocast_cpu_enabled()``.
+    ``uses_new_api(qualified_name)`` says whether a name in the ``try`` body is the new API."""
+    stack = ctx.parents
+    for i in range(len(stack) - 2, 0, -1):
+        p = stack[i]
+        if isinstance(p, cst.ExceptHandler) and isinstance(stack[i - 1], cst.Try):
+            for n in h.walk(stack[i - 1].body, enter_scopes=True):
+                if isinstance(n, (cst.Attribute, cst.Name)) and uses_new_api(ctx.names.qualified(n) or ""):
+                    return True
+        if isinstance(p, h.SCOPES):
+            return False
+    return False
+
+
+PRECISION_WORDS = frozenset({"bf16", "bfloat16", "bfloat", "fp16", "float16", "half", "amp", "autocast",
+                             "precision", "dtype", "tf32", "mixed", "fp32", "float32", "gradscaler", "scaler"})
+
+
+def mentions_precision(node: cst.CSTNode, extra: frozenset[str] = frozenset()) -> bool:
+    """Whether an identifier in ``node`` names a precision setting (``use_bf16``, ``amp_dtype``...)."""
+    for n in [node, *h.walk(node, enter_scopes=True)]:
+        if isinstance(n, cst.Name) and (PRECISION_WORDS | extra).intersection(words(n.value)):
+            return True
+    return False
+
+
+def under_precision_branch(ctx: Context, root: cst.CSTNode) -> bool:
+    """Inside an if/else (or ``a if c else b``) below ``root`` whose condition is about precision."""
+    stack = ctx.parents
+    for i in range(len(stack) - 2, -1, -1):
+        p, child = stack[i], stack[i + 1]
+        if p is root:
+            return False
+        if isinstance(p, (cst.If, cst.IfExp)) and child is not p.test and \
+                mentions_precision(p.test, frozenset({"pure", "fp8", "int8", "quant", "quantized"})):
+            return True
+    return False

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint.rule import FixSpec, Rule
+
+_LOW = ("float16", "bfloat16")
+_WHY = {
+    "float16": "values beyond ±65504 turn into inf before autocast sees them, and ops that autocast "
+               "keeps in float32 get float16 inputs",
+    "bfloat16": "values keep only 8 bits of mantissa before autocast sees them, and ops that autocast "
+                "keeps in float32 get bfloat16 inputs",
+}
+
+
+class HalfInsideAutocast(Rule):
+    """``.half()`` / ``.bfloat16()`` / ``.to(torch.float16)`` inside an enabled autocast body."""
+
+    code = "AMP303"
+    name = "half-inside-autocast"
+    severity = Severity.WARNING
+    message = ("`{call}` inside an autocast region casts by hand what autocast manages per op: {why}. "
+               "Remove the cast and let autocast pick the dtype of each op.")
+    fix_title = "Remove the `.{meth}()` cast"
+    fix_availability = "unsafe"
+    words = (b"autocast",)
+    summary = "Manual `.half()`/`.bfloat16()`/`.to(float16)` casts inside an autocast region."
+
+    def visit_Call(self, node: cst.Call) -> None:
+        mc = h.method_call(node, "half", "bfloat16", "to")
+        if mc is None:
+            return
+        recv, meth = mc
+        if meth == "to":
+            dtype = self._to_dtype(node)
+        else:
+            dtype = "float16" if meth == "half" else "bfloat16"
+            if self.ctx.names.qualified(recv) == "torch":
+                return
+        if dtype not in _LOW:
+            return
+        region = u.active_region(self.ctx)
+        if region is None or u.under_precision_branch(self.ctx, region.node):
+            return  # `if use_pure_fp16: x = x.half()`: a deliberate, mode-dependent cast
+        call = u.short(node, 50)
+        msg = self.message.format(call=call, why=_WHY[dtype])
+        self.report(node, msg, self._fix(node, recv, meth))
+
+    def _to_dtype(self, node: cst.Call) -> str | None:
+        cands = [h.arg(node, None, "dtype")]
+        positional = [a.value for a in node.args if a.keyword is None and not a.star]
+        cands += positional[:2]
+        for c in cands:
+            if c is None or isinstance(c, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)):
+                continue
+            d = h.dtype_of(self.ctx.names, c)
+            if d is not None:
+                return d
+        return None
+
+    def _fix(self, node: cst.Call, recv: cst.BaseExpression, meth: str) -> FixSpec | None:
+        if meth == "to":
+            if len(node.args) != 1 or node.args[0].star:
+                return None
+        elif node.args:
+            return None
+        title = self.fix_title.format(meth=meth)
+        parent = self.ctx.parents[-2] if len(self.ctx.parents) >= 2 else None
+        drop = isinstance(parent, cst.Expr) or (
+            isinstance(parent, cst.Assign) and len(parent.targets) == 1
+            and u.code(parent.targets[0].target) == u.code(recv))
+        if drop:
+            # `model.half()` or `x = x.half()` as a statement: the cast is all it does
+            st = h.statement_of(self.ctx)
+            if st is None:
+                return None
+            line, block = st
+            if len(line.body) != 1 or len(getattr(block, "body", ())) < 2:
+                return None
+            return FixSpec(((line, cst.RemoveFromParent()),), safe=False, title=title)
+        rep = recv
+        if node.lpar:
+            rep = recv.with_changes(lpar=[*node.lpar, *recv.lpar], rpar=[*recv.rpar, *node.rpar])
+        return FixSpec(((node, rep),), safe=False, title=title)

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.rule import Rule
+
+_FUNCTION_BASES = {"torch.autograd.Function", "torch.autograd.function.Function"}
+# ops on autocast's lower-precision list (CUDA), by qualified name
+_OPS = {f"torch.nn.functional.{n}" for n in (
+    "linear", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "conv_tbc")}
+_OPS |= {f"torch.{n}" for n in ("matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv",
+                                "conv1d", "conv2d", "conv3d", "chain_matmul")}
+_OPS |= {"torch.linalg.multi_dot"}
+_METHODS = ("matmul", "mm", "bmm", "addmm", "baddbmm")
+
+
+class CustomFunctionNoCustomFwd(Rule):
+    """An ``autograd.Function`` whose forward runs autocastable ops, without ``custom_fwd``."""
+
+    code = "AMP305"
+    name = "custom-function-no-custom-fwd"
+    severity = Severity.WARNING
+    message = ("`{cls}.forward` runs `{op}`, which autocast lowers to float16, but has no "
+               "`@torch.amp.custom_fwd`: `backward` then runs outside autocast on mismatched dtypes. "
+               "Decorate `forward` with `@torch.amp.custom_fwd(device_type=\"cuda\")` (add "
+               "`cast_inputs=torch.float32` to run it in float32) and `backward` with "
+               "`@torch.amp.custom_bwd(device_type=\"cuda\")`.")
+    fix_availability = "suggestion"
+    words = (b"autograd",)
+    summary = "Custom `autograd.Function` with autocastable ops and no `custom_fwd`/`custom_bwd`."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.uses_autocast = False
+        self.pending: list[tuple[cst.CSTNode, str]] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not self.uses_autocast and self.ctx.names.qualified(node.func) in h.AUTOCAST_ALL:
+            self.uses_autocast = True
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if not any(self.ctx.names.qualified(b.value) in _FUNCTION_BASES for b in node.bases):
+            return
+        if not isinstance(node.body, cst.IndentedBlock):
+            return
+        fwd = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"),
+                   None)
+        if fwd is None or self._handles_autocast(fwd):
+            return
+        op = self._autocast_op(fwd)
+        if op is None:
+            return
+        self.pending.append((fwd.name, self.message.format(cls=node.name.value, op=op)))
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.uses_autocast:
+            return
+        for n, msg in self.pending:
+            self.report(n, msg)
+
+    def _handles_autocast(self, fwd: cst.FunctionDef) -> bool:
+        for d in fwd.decorators:
+            expr = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+            name = dotted_name(expr) or ""
+            if "custom_fwd" in name or "autocast" in name.lower() or "amp" in u.words(name):
+                return True
+        # a forward that manages autocast itself (reads its state, disables it)
+        for n in h.walk(fwd.body):
+            if isinstance(n, cst.Name) and "autocast" in n.value.lower():
+                return True
+        return False
+
+    def _autocast_op(self, fwd: cst.FunctionDef) -> str | None:
+        for n in h.walk(fwd.body):
+            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.MatrixMultiply):
+                return "@"
+            if isinstance(n, cst.Call):
+                q = self.ctx.names.qualified(n.func)
+                if q in _OPS:
+                    return q.replace("torch.nn.functional.", "F.")
+                mc = h.method_call(n, *_METHODS)
+                if mc is not None and self.ctx.names.qualified(mc[0]) != "torch":
+                    return f".{mc[1]}()"
+        return None
