@@ -10,6 +10,7 @@ protocol with enough context to compare two events afterwards:
 - ``unscale``   ``S.unscale_(opt)``; ``unscale_any`` any other call named ``*unscale*``
 - ``step``      ``S.step(opt)``; ``update`` ``S.update()``
 - ``plain_step`` ``opt.step()`` on an optimizer-like receiver
+- ``zero_grad`` ``opt.zero_grad()`` or ``model.zero_grad()``
 - ``clip``      gradient clipping, or a magnitude read of ``p.grad``
 
 Rules then decide in ``leave_Module``. Two events ``a`` (earlier) and ``b`` (later) of one
@@ -121,6 +122,23 @@ class Cond:
     accumulation: bool
     in_loop: bool  # the ``if`` lies between the event and its innermost loop
     text: str
+    node: cst.CSTNode = field(compare=False, hash=False, repr=False, default=None)  # type: ignore[assignment]
+    in_body: bool = True  # the event is in the body (not the else/elif part)
+
+    def other_branch_exits(self) -> bool:
+        """The other branch of this ``if`` ends with ``continue``/``break``/``return``/``raise``."""
+        node = self.node
+        if not isinstance(node, cst.If):
+            return False
+        if self.in_body:
+            other = node.orelse  # an Else, or the If of an elif
+            block = other.body if isinstance(other, (cst.If, cst.Else)) else None
+        else:
+            block = node.body
+        if not isinstance(block, cst.IndentedBlock):
+            return False
+        return any(isinstance(st, cst.SimpleStatementLine) and any(
+            isinstance(x, (cst.Continue, cst.Break, cst.Return, cst.Raise)) for x in st.body) for st in block.body)
 
 
 @dataclass
@@ -149,7 +167,7 @@ def exclusive(a: Event, b: Event) -> bool:
         return True
     for c1 in a.conds:
         for c2 in b.conds:
-            if c1.if_id != c2.if_id and c1.key == c2.key and c1.truth != c2.truth:
+            if (c1.if_id == c2.if_id or c1.key == c2.key) and c1.truth != c2.truth:
                 return True
     return False
 
@@ -231,10 +249,11 @@ class ScalerFlow(Rule):
                 break
             if p is loop:
                 in_loop = False
-            if isinstance(p, cst.If) and child in (p.body, p.orelse):
+            if isinstance(p, (cst.If, cst.IfExp)) and (child is p.body or child is p.orelse):
                 key, positive = cond_key(p.test)
                 truth = positive if child is p.body else not positive
-                out.append(Cond(id(p), key, truth, accumulation_like(p.test), in_loop, short(code_of(p.test))))
+                out.append(Cond(id(p), key, truth, accumulation_like(p.test), in_loop, short(code_of(p.test)),
+                                p, child is p.body))
         return tuple(out)
 
     def _exits(self, region) -> tuple[tuple[int, int | None], ...]:
@@ -349,6 +368,9 @@ class ScalerFlow(Rule):
                 return
             if meth == "step" and is_optimizer(names, recv):
                 self._add("plain_step", node, None, code_of(recv))
+                return
+            if meth == "zero_grad":
+                self._add("zero_grad", node, None, code_of(recv))
                 return
             if "unscale" in meth.lower():
                 self._add("unscale_any", node, None, None)

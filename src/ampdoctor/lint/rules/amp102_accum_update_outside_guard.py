@@ -37,6 +37,8 @@ class AccumUpdateOutsideGuard(ScalerFlow):
                 guards = [c for c in st.conds if c.accumulation and c.in_loop]
                 if not guards:
                     break  # some step of this scaler runs on every iteration
+                if any(c.other_branch_exits() for c in guards):
+                    break  # `if boundary: step() else: continue`: what follows runs only after a step
                 if exclusive(st, u):
                     break
                 guarded.append(guards[-1])

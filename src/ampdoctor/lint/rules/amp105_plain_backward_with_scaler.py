@@ -13,7 +13,7 @@ class PlainBackwardWithScaler(ScalerFlow):
     code = "AMP105"
     name = "plain-backward-with-scaler"
     severity = Severity.ERROR
-    message = ("`{l}.backward()` is not scaled, yet `{s}.step({o})` divides these gradients by the loss "
+    message = ("`{r}.backward()` is not scaled, yet `{s}.step({o})` divides these gradients by the loss "
                "scale (or fails when no scale was set yet). Use `{s}.scale({l}).backward()`.")
     fix_title = "Scale the loss: `{s}.scale({l}).backward()`"
     fix_availability = "unsafe"
@@ -31,8 +31,9 @@ class PlainBackwardWithScaler(ScalerFlow):
             q = next((e for e in later if e.kind == "step"), None)
             if q is None:
                 continue
-            if any(e.kind == "update" and e.scaler == q.scaler for e in later if e.order < q.order):
-                continue
+            if any(e.kind == "update" and e.scaler == q.scaler or e.kind == "zero_grad"
+                   for e in later if e.order < q.order):
+                continue  # the gradients are cleared first (a backward for input gradients, as in FGSM)
             scaler_opts = {e.arg for e in region if e.kind in ("step", "unscale")}
             if any(e.kind == "plain_step" and e.arg not in scaler_opts for e in later):
                 continue  # these gradients feed another, unscaled optimizer
@@ -43,4 +44,4 @@ class PlainBackwardWithScaler(ScalerFlow):
                 new_recv = cst.parse_expression(f"{q.scaler}.scale(x)")
                 new_recv = new_recv.with_changes(args=[cst.Arg(strip_parens(recv))])
                 fix = FixSpec(((recv, new_recv),), safe=False, title=self.fix_title.format(s=q.scaler, l=text))
-            self.report(p.node, self.message.format(l=text, s=q.scaler, o=q.arg), fix)
+            self.report(p.node, self.message.format(r=short(p.arg), l=text, s=q.scaler, o=q.arg), fix)

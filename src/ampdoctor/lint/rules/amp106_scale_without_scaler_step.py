@@ -31,4 +31,6 @@ class ScaleWithoutScalerStep(ScalerFlow):
                       and reaches(e, t)), None)
             if b is None:
                 continue
+            if any(e.kind == "zero_grad" and b.order < e.order < t.order and reaches(b, e) for e in region):
+                continue  # the scaled gradients are cleared before the step
             self.report(t.node, self.message.format(o=t.arg, s=b.scaler))
