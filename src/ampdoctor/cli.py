@@ -341,3 +341,62 @@ def rule(code: str) -> None:
         _console(sys.stdout, False).print(Markdown(body))
     else:
         click.echo(body.rstrip("\n"))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--target", type=click.Choice(["float16", "bfloat16"]),
+              help="Format to judge values against (default: the low-precision dtype seen, else float16).")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Stop the script cleanly after N optimizer steps.")
+@click.option("--ops", is_flag=True, help="Replay the first bad module to name the aten op (slower: syncs).")
+@click.option("--no-grads", is_flag=True, help="Do not collect gradient statistics.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to this file.")
+@click.option("--fail-on", "fail_on", help="Comma-separated finding kinds that make the exit code 1 "
+              "(nonfinite, overflow, underflow, scaler, or all).")
+def trace(script, args, target, max_steps, ops, no_grads, fmt, output, fail_on) -> None:
+    """Run SCRIPT with its ARGS under the numerics tracer and report per-layer fp16/bf16 health."""
+    kinds = set()
+    if fail_on:
+        allowed = {"nonfinite", "overflow", "underflow", "scaler"}
+        kinds = {k.strip() for k in fail_on.split(",") if k.strip()}
+        if "all" in kinds:
+            kinds = allowed
+        unknown = sorted(kinds - allowed)
+        if unknown:
+            raise AmpdoctorError(f"unknown finding kind '{unknown[0]}' for --fail-on "
+                                 f"(one of: {', '.join(sorted(allowed))}, all)")
+    if not os.path.isfile(script):
+        raise AmpdoctorError(f"{script}: no such file")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise AmpdoctorError("`ampdoctor trace` needs torch: pip install 'ampdoctor[trace]'") from None
+    from ampdoctor.trace.run import run_script
+    from ampdoctor.trace.tracer import Tracer
+
+    tracer = Tracer(target=target, grads=not no_grads, ops=ops, max_steps=max_steps)
+    result = run_script(script, list(args), tracer)
+    report = tracer.report()
+    report["script"] = {"path": script, "args": list(args), "exit_code": result.exit_code,
+                        "error": result.error, "stopped_by_max_steps": result.stopped}
+    if fmt == "json":
+        _emit(json.dumps(report, indent=2) + "\n", output)
+    elif fmt == "html":
+        from ampdoctor.report import trace_html
+        _emit(trace_html.render(report), output)
+    else:
+        from ampdoctor.report import trace_text
+        buf = io.StringIO() if output else None
+        trace_text.render(_console(buf if buf is not None else sys.stdout,
+                                   force_plain=buf is not None), report)
+        if buf is not None:
+            _emit(buf.getvalue(), output)
+    if result.error:
+        click.echo(f"ampdoctor: the script raised:\n{result.error.rstrip()}", err=True)
+    if result.exit_code:
+        raise click.exceptions.Exit(result.exit_code)
+    if kinds and any(f["kind"] in kinds for f in report["findings"]):
+        raise click.exceptions.Exit(EXIT_FINDINGS)
+    raise click.exceptions.Exit(EXIT_OK)

@@ -1,0 +1,69 @@
+"""Terminal summary of a trace report: the verdict first, then the findings and worst layers."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def verdict(report: dict) -> str:
+    first = report["first_nonfinite"]
+    kinds = sorted({f["kind"] for f in report["findings"]})
+    if first:
+        op = f", op {first['op']}" if first.get("op") else ""
+        return (f"NaN/Inf first appeared in `{first['module']}` ({first['phase']}, step {first['step']}{op}).")
+    if kinds:
+        return f"Numerical risks found ({', '.join(kinds)}) judged against {report['target_dtype']}."
+    return f"No numerical problems found in {report['steps']} step(s), judged against {report['target_dtype']}."
+
+
+def render(console: Console, report: dict, limit: int = 10) -> None:
+    bad = bool(report["findings"] or report["first_nonfinite"])
+    style = "bold red" if bad else "bold green"
+    console.print(f"[{style}]{escape(verdict(report))}[/{style}]", highlight=False)
+    console.print(f"target {report['target_dtype']} · dtypes seen: {', '.join(report['dtypes_seen']) or '-'} · "
+                  f"{report['steps']} step(s) · {report['transfers']} host transfer(s)", highlight=False)
+    origin = report.get("op_origin")
+    if origin and origin.get("op"):
+        note = f" ({origin['note']})" if origin.get("note") else ""
+        console.print(f"op-level origin: [bold]{escape(origin['op'])}[/bold] produced {origin['produced']} in "
+                      f"`{escape(origin['module'])}`{escape(note)}", highlight=False)
+    elif origin:
+        console.print(f"op-level replay: {escape(origin.get('note') or 'no origin found')}", highlight=False)
+    if report["findings"]:
+        console.print()
+        for f in report["findings"]:
+            where = f" [{escape(f['module'])}]" if f.get("module") else ""
+            console.print(f"[yellow]{f['kind']}[/yellow]{where} {f['phase']} step {f['step']}: {escape(f['message'])}",
+                          highlight=False, soft_wrap=True)
+    rows = [r for r in report["modules"] if r["phase"] == "forward" or r["nonfinite"]["nan"] or r["underflow_fraction"]]
+
+    def risk(r):
+        nf = sum(r["nonfinite"].values())
+        head = r["headroom_bits"] if r["headroom_bits"] is not None else (-1e9 if nf else 1e9)
+        return (-nf, -r["overflow_fraction"], -r["underflow_fraction"], head)
+
+    worst = sorted(rows, key=risk)[:limit]
+    if worst:
+        table = Table(title="worst layers", title_justify="left")
+        for col in ("module", "class", "phase", "dtype", "absmax", "min nonzero", "headroom bits",
+                    "non-finite", "overflow", "underflow", "calls"):
+            table.add_column(col, overflow="fold")
+        for r in worst:
+            table.add_row(escape(r["module"]), escape(r["class"]), r["phase"], r["dtype"], _num(r["absmax"]),
+                          _num(r["min_nonzero"]), _num(r["headroom_bits"]), str(sum(r["nonfinite"].values())),
+                          f"{r['overflow_fraction']:.1%}", f"{r['underflow_fraction']:.1%}", str(r["calls"]))
+        console.print(table)
+    scaler = report.get("scaler")
+    if scaler:
+        console.print(f"GradScaler: scale {_num(scaler['initial_scale'])} → {_num(scaler['final_scale'])}, "
+                      f"{scaler['skipped_steps']} of {len(scaler['steps'])} step(s) skipped", highlight=False)

@@ -1,0 +1,57 @@
+"""Run a user's script as ``__main__`` under the tracer, the way ``python script.py`` would."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+
+from ampdoctor.trace.tracer import StopTracing, Tracer
+
+
+@dataclass
+class ScriptResult:
+    exit_code: int  # the script's own exit code (0 when it ended normally or was stopped by --max-steps)
+    error: str | None  # the script's exception, formatted, when it raised
+    stopped: bool  # ended by --max-steps
+
+
+def run_script(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
+    path = os.path.abspath(path)
+    old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [path, *args]
+    script_dir = os.path.dirname(path)
+    if sys.path:
+        sys.path[0] = script_dir
+    else:  # pragma: no cover
+        sys.path.insert(0, script_dir)
+    main_mod = sys.modules.get("__main__")
+    try:
+        with tracer:
+            runpy.run_path(path, run_name="__main__")
+        return ScriptResult(0, None, False)
+    except StopTracing:
+        return ScriptResult(0, None, True)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return ScriptResult(0, None, False)
+        if isinstance(code, int):
+            return ScriptResult(code, None, False)
+        return ScriptResult(1, str(code), False)
+    except KeyboardInterrupt:
+        return ScriptResult(130, "KeyboardInterrupt", False)
+    except BaseException as exc:  # the script's own error: report it, then the trace
+        tb = traceback.TracebackException.from_exception(exc)
+        # hide ampdoctor's and runpy's frames: the user wants their own
+        tb.stack = traceback.StackSummary.from_list(
+            [f for f in tb.stack if "ampdoctor" not in f.filename and "runpy" not in f.filename])
+        return ScriptResult(1, "".join(tb.format()), False)
+    finally:
+        sys.argv = old_argv
+        if old_path0 is not None and sys.path:
+            sys.path[0] = old_path0
+        if main_mod is not None:
+            sys.modules["__main__"] = main_mod

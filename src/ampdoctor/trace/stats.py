@@ -1,0 +1,172 @@
+"""Per-tensor statistics computed on the tensor's device, with no host synchronisation.
+
+Each tensor costs four small ops: ``aminmax`` over the whole tensor (exact extremes; NaN and
+±inf show up there), then ``bucketize`` + ``bincount`` of its values (or of an evenly strided
+sample of at most ``SAMPLE`` values for large tensors) against one set of boundaries that holds
+the fp16 and bf16 overflow, normal, subnormal and flush-to-zero thresholds plus a power-of-two
+grid. The host decodes the bucket counts into classes for either format after the one
+device-to-host copy per optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS, Format
+
+SAMPLE = 1 << 16
+CLASSES = ("nan", "pinf", "ninf", "overflow", "normal", "subnormal", "flush", "zero")
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _below(x: float) -> float:
+    """The largest float32 strictly below x (x > 0)."""
+    t = torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(0.0, dtype=torch.float32))
+    return float(t)
+
+
+def _edges() -> list[float]:
+    pos = {2.0 ** k for k in range(-40, 21)}
+    for f in (FLOAT16, BFLOAT16):
+        pos |= {f.flush, _below(f.smallest_normal), _below(f.overflow)}
+    pos.add(_F32_MAX)
+    pos = {float(torch.tensor(p, dtype=torch.float32)) for p in pos}
+    return sorted({-math.inf, 0.0, math.inf} | pos | {-p for p in pos})
+
+
+EDGES = _edges()
+NBUCKETS = len(EDGES) + 1  # bucketize returns 0..len(EDGES); NaN lands on len(EDGES)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    lo_mag: float  # smallest magnitude the bucket can hold (for min_nonzero)
+    rep: float  # a value inside the bucket, used to classify it
+
+
+def _buckets() -> list[Bucket]:
+    out = []
+    for i in range(NBUCKETS):
+        if i == 0:
+            out.append(Bucket(math.inf, -math.inf))
+        elif i == len(EDGES):
+            out.append(Bucket(math.nan, math.nan))
+        else:
+            lo, hi = EDGES[i - 1], EDGES[i]
+            if hi == math.inf:
+                out.append(Bucket(math.inf, math.inf))
+            elif lo == -math.inf:
+                out.append(Bucket(abs(hi), hi))
+            elif hi == 0.0:
+                out.append(Bucket(0.0, 0.0))
+            elif lo >= 0.0:
+                out.append(Bucket(lo, (lo + hi) / 2))
+            else:
+                out.append(Bucket(abs(hi), (lo + hi) / 2))
+    return out
+
+
+BUCKETS = _buckets()
+
+
+def classify(value: float, fmt: Format) -> str:
+    if math.isnan(value):
+        return "nan"
+    if value == math.inf:
+        return "pinf"
+    if value == -math.inf:
+        return "ninf"
+    mag = abs(value)
+    if mag == 0.0:
+        return "zero"
+    if mag >= fmt.overflow:
+        return "overflow"
+    if mag >= fmt.smallest_normal:
+        return "normal"
+    if mag > fmt.flush:
+        return "subnormal"
+    return "flush"
+
+
+# bucket index -> class index, per format
+CLASS_OF = {name: [CLASSES.index(classify(b.rep, f)) for b in BUCKETS] for name, f in FORMATS.items()}
+
+_BOUNDS: dict[torch.device, torch.Tensor] = {}
+
+
+def bounds_for(device: torch.device) -> torch.Tensor:
+    b = _BOUNDS.get(device)
+    if b is None:
+        b = _BOUNDS[device] = torch.tensor(EDGES, dtype=torch.float32, device=device)
+    return b
+
+
+def measurable(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0 and \
+        t.device.type != "meta" and not t.is_complex()
+
+
+def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(min/max as a 2-vector, bucket counts, numel, sampled numel), all on the device."""
+    x = t.detach()
+    n = x.numel()
+    mm = torch.stack(torch.aminmax(x))
+    flat = x.reshape(-1)
+    if n > SAMPLE:
+        flat = flat[:: -(-n // SAMPLE)].contiguous()
+    counts = torch.bincount(torch.bucketize(flat, bounds_for(x.device)), minlength=NBUCKETS)
+    return mm, counts, n, flat.numel()
+
+
+@dataclass
+class TensorSummary:
+    """Host-side summary of one tensor (or of several, once merged)."""
+
+    dtype: str
+    numel: int
+    absmax: float
+    vmin: float
+    vmax: float
+    min_nonzero: float  # a lower bound, within a factor of two
+    classes: dict[str, dict[str, float]] = field(default_factory=dict)  # format -> class -> count
+    sampled: bool = False
+
+    @property
+    def nonfinite(self) -> dict[str, float]:
+        c = self.classes["float16"]
+        return {"nan": c["nan"], "pinf": c["pinf"], "ninf": c["ninf"]}
+
+    @property
+    def finite(self) -> bool:
+        return not any(self.nonfinite.values())
+
+
+def summarise(dtype: str, mm: list[float], counts: list[float], numel: int, sampled_n: int) -> TensorSummary:
+    vmin, vmax = mm
+    scale = numel / sampled_n if sampled_n else 1.0
+    classes = {}
+    for name in FORMATS:
+        acc = dict.fromkeys(CLASSES, 0.0)
+        cls = CLASS_OF[name]
+        for i, c in enumerate(counts):
+            if c:
+                acc[CLASSES[cls[i]]] += c * scale
+        classes[name] = acc
+    has_nan = math.isnan(vmin) or math.isnan(vmax)
+    for name in FORMATS:  # the exact extremes guarantee at least one when present
+        acc = classes[name]
+        if has_nan and acc["nan"] < 1:
+            acc["nan"] = 1.0
+        if vmax == math.inf and acc["pinf"] < 1:
+            acc["pinf"] = 1.0
+        if vmin == -math.inf and acc["ninf"] < 1:
+            acc["ninf"] = 1.0
+    lo = math.inf
+    for i, c in enumerate(counts):
+        if c and BUCKETS[i].lo_mag > 0 and not math.isinf(BUCKETS[i].lo_mag) and not math.isnan(BUCKETS[i].lo_mag):
+            lo = min(lo, BUCKETS[i].lo_mag)
+    absmax = math.nan if has_nan else max(abs(vmin), abs(vmax))
+    return TensorSummary(dtype, numel, absmax, vmin, vmax, lo, classes, sampled_n < numel)

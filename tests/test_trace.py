@@ -1,0 +1,337 @@
+"""The tracer on real CPU numerics: fixtures/trace scenarios, API, safety and overhead rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from ampdoctor.cli import main  # noqa: E402
+from ampdoctor.trace import Tracer  # noqa: E402
+from conftest import FIXTURES  # noqa: E402
+
+TRACE = FIXTURES / "trace"
+
+
+def trace_json(script, *args):
+    r = CliRunner().invoke(main, ["trace", "--format", "json", *args, str(TRACE / script)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r, json.loads(r.stdout)
+
+
+def kinds(report):
+    return sorted({f["kind"] for f in report["findings"]})
+
+
+# -- the scenarios ---------------------------------------------------------------------------
+
+def test_fp16_linear_overflow_blames_that_linear():
+    r, rep = trace_json("fp16_linear_overflow.py")
+    assert r.exit_code == 0
+    assert rep["first_nonfinite"] == {"module": "blowup", "phase": "forward", "step": 0, "op": None}
+    over = [f for f in rep["findings"] if f["kind"] == "overflow"]
+    assert [f["module"] for f in over] == ["blowup"]
+    assert "float16" in over[0]["message"]
+    r, _ = trace_json("fp16_linear_overflow.py", "--fail-on", "overflow")
+    assert r.exit_code == 1
+
+
+def test_log_of_zero_is_named_by_the_op_replay():
+    _, rep = trace_json("log_zero.py", "--ops")
+    assert rep["first_nonfinite"]["module"] == "features"
+    assert rep["first_nonfinite"]["op"] == "aten.log"
+    assert rep["op_origin"]["produced"] == "inf"
+
+
+def test_pure_fp16_without_scaler_underflows_in_backward():
+    _, rep = trace_json("fp16_underflow.py")
+    under = [f for f in rep["findings"] if f["kind"] == "underflow"]
+    assert len(under) == 1 and under[0]["phase"] == "backward"
+    assert "GradScaler" in under[0]["message"]
+    assert rep["target_dtype"] == "float16"
+
+
+def test_healthy_bf16_run_has_no_findings_and_passes_fail_on():
+    r, rep = trace_json("bf16_healthy.py", "--fail-on", "all")
+    assert r.exit_code == 0
+    assert rep["findings"] == [] and rep["first_nonfinite"] is None
+    assert rep["target_dtype"] == "bfloat16" and rep["steps"] == 3
+
+
+def test_fp32_activations_beyond_fp16_range_depend_on_the_target():
+    _, rep = trace_json("fp32_large_activations.py", "--target", "float16")
+    over = [f for f in rep["findings"] if f["kind"] == "overflow"]
+    assert [f["module"] for f in over] == ["amplify"]
+    assert "would overflow" in over[0]["message"]
+    _, rep = trace_json("fp32_large_activations.py", "--target", "bfloat16")
+    assert rep["findings"] == []
+
+
+def test_attention_overflow_origin_is_the_matmul_not_the_projection():
+    _, rep = trace_json("attention_overflow.py", "--ops")
+    assert rep["first_nonfinite"]["module"] == "0.attn"
+    assert rep["first_nonfinite"]["op"] in ("aten.bmm", "aten.matmul", "aten.mm")
+    assert all(f["module"] != "0.attn.c_proj" for f in rep["findings"])
+
+
+def test_scaler_skips_are_reported_per_step():
+    _, rep = trace_json("scaler_skips.py")
+    sc = rep["scaler"]
+    assert sc["initial_scale"] == 2.0 ** 24
+    assert sc["skipped_steps"] >= 3 and sc["steps"][0]["skipped"] is True
+    assert sc["final_scale"] < sc["initial_scale"]
+    assert [f["kind"] for f in rep["findings"]] == ["scaler"]
+    assert sc["steps"][0]["first_nonfinite_grad"] is not None
+
+
+def test_json_contract_fields():
+    _, rep = trace_json("fp16_linear_overflow.py")
+    for key in ("version", "target_dtype", "steps", "findings", "first_nonfinite", "modules", "scaler"):
+        assert key in rep
+    for f in rep["findings"]:
+        assert {"kind", "module", "phase", "step", "message"} <= set(f)
+    for m in rep["modules"]:
+        assert {"module", "class", "phase", "dtype", "absmax", "min_nonzero", "nonfinite", "overflow_fraction",
+                "underflow_fraction", "calls"} <= set(m)
+
+
+def test_text_and_html_reports(tmp_path):
+    r = CliRunner().invoke(main, ["trace", str(TRACE / "fp16_linear_overflow.py")])
+    assert r.stdout.splitlines()[0].startswith("NaN/Inf first appeared in `blowup`")
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(main, ["trace", "--format", "html", "-o", str(out), str(TRACE / "bf16_healthy.py")])
+    page = out.read_text()
+    assert r.exit_code == 0 and page.startswith("<!doctype html>") and "<svg" in page
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
+
+
+def test_html_escapes_module_names():
+    from ampdoctor.report import trace_html
+
+    evil = "<script>alert(1)</script>"
+    rep = {"version": "x", "target_dtype": "float16", "dtypes_seen": [], "steps": 1, "transfers": 1,
+           "findings": [{"kind": "nonfinite", "module": evil, "phase": "forward", "step": 0, "message": evil}],
+           "first_nonfinite": {"module": evil, "phase": "forward", "step": 0, "op": None}, "op_origin": None,
+           "modules": [{"module": evil, "class": evil, "phase": "forward", "dtype": "float16", "calls": 1,
+                        "absmax": 1.0, "min_nonzero": 0.5, "nonfinite": {"nan": 1, "pinf": 0, "ninf": 0},
+                        "overflow_fraction": 0.0, "underflow_fraction": 0.0, "headroom_bits": 15.0}],
+           "scaler": None}
+    page = trace_html.render(rep)
+    assert evil not in page
+    assert "&lt;script&gt;" in page
+
+
+# -- the script runner ------------------------------------------------------------------------
+
+def test_script_argv_main_and_sibling_imports(tmp_path):
+    (tmp_path / "helper_mod.py").write_text("SCALE = 3.0\n")
+    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+        import argparse
+        import torch
+        from helper_mod import SCALE
+        if __name__ == "__main__":
+            p = argparse.ArgumentParser()
+            p.add_argument("--steps", type=int)
+            a = p.parse_args()
+            m = torch.nn.Linear(2, 2)
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            for _ in range(a.steps):
+                m(torch.ones(1, 2) * SCALE).sum().backward(); opt.step(); opt.zero_grad()
+    """))
+    r = CliRunner().invoke(main, ["trace", "--format", "json", str(tmp_path / "train.py"), "--steps", "4"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["steps"] == 4
+    r = CliRunner().invoke(main, ["trace", "--format", "json", "--max-steps", "2", str(tmp_path / "train.py"),
+                                  "--steps", "50"])
+    rep = json.loads(r.stdout)
+    assert r.exit_code == 0 and rep["steps"] == 2 and rep["script"]["stopped_by_max_steps"]
+
+
+def test_script_error_still_reports_and_exits_non_zero(tmp_path):
+    (tmp_path / "boom.py").write_text(textwrap.dedent("""\
+        import torch
+        m = torch.nn.Linear(2, 2)
+        m(torch.ones(1, 2))
+        raise ValueError("bad batch")
+    """))
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(main, ["trace", "--format", "json", "-o", str(out), str(tmp_path / "boom.py")])
+    assert r.exit_code == 1
+    assert "ValueError: bad batch" in r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["script"]["error"] and rep["modules"]
+    (tmp_path / "exit3.py").write_text("import sys\nsys.exit(3)\n")
+    assert CliRunner().invoke(main, ["trace", str(tmp_path / "exit3.py")]).exit_code == 3
+
+
+def test_bad_trace_arguments(tmp_path):
+    r = CliRunner().invoke(main, ["trace", str(tmp_path / "missing.py")])
+    assert r.exit_code == 2 and "no such file" in r.stderr
+    r = CliRunner().invoke(main, ["trace", "--fail-on", "explosions", str(TRACE / "bf16_healthy.py")])
+    assert r.exit_code == 2 and "unknown finding kind 'explosions'" in r.stderr
+
+
+def test_trace_without_torch_is_one_line_exit_2():
+    script = textwrap.dedent(f"""\
+        import sys
+        class _NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("no torch here")
+        sys.meta_path.insert(0, _NoTorch())
+        from ampdoctor.cli import main
+        sys.argv = ["ampdoctor", "trace", {str(TRACE / 'bf16_healthy.py')!r}]
+        main()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "ampdoctor: error: `ampdoctor trace` needs torch: pip install 'ampdoctor[trace]'"
+
+
+# -- safety and overhead -------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.fc(x)) + x
+
+
+@dataclass
+class Out:
+    logits: torch.Tensor
+    extra: dict
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = Block()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, ids=None):
+        h = self.shared(self.shared(x))  # weight sharing: one module called twice
+        h = torch.utils.checkpoint.checkpoint(self.shared, h, use_reentrant=False)
+        return Out(self.head(h), {"ids": ids, "n": 3, "none": None, "empty": torch.empty(0)})
+
+
+def _train(steps=3, tracer=None, amp=True):
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(4, 8)
+    ids = torch.arange(4)
+    outs = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = model(x, ids=ids)
+        loss = out.logits.float().pow(2).mean()
+        loss.backward()
+        outs.append(out.logits.detach().clone())
+        outs.append(model.shared.fc.weight.grad.detach().clone())
+        opt.step()
+        opt.zero_grad()
+    return outs, [p.detach().clone() for p in model.parameters()]
+
+
+def test_tracing_changes_nothing_bitwise():
+    base_outs, base_params = _train()
+    with Tracer() as t:
+        outs, params = _train()
+    for a, b in zip(base_outs + base_params, outs + params):
+        assert torch.equal(a, b)
+    rep = t.report()
+    assert rep["steps"] == 3 and rep["findings"] == []
+    names = {m["module"] for m in rep["modules"]}
+    assert {"shared", "shared.fc", "shared.act", "head", "(Model)"} <= names
+    shared = next(m for m in rep["modules"] if m["module"] == "shared" and m["phase"] == "forward")
+    assert shared["calls"] == 9  # twice plus the checkpointed call, three steps; recomputation not counted
+
+
+def test_one_transfer_per_step_and_no_per_module_syncs(monkeypatch):
+    calls = {"item": 0, "tolist": 0, "cpu": 0, "bool": 0, "numpy": 0}
+    originals = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "cpu", "__bool__")}
+
+    def counting(name, key):
+        def f(self, *a, **k):
+            calls[key] += 1
+            return originals[name](self, *a, **k)
+        return f
+
+    _train(steps=1, amp=True)  # warm up outside the count
+    with Tracer() as t:
+        for name, key in (("item", "item"), ("tolist", "tolist"), ("cpu", "cpu"), ("__bool__", "bool")):
+            monkeypatch.setattr(torch.Tensor, name, counting(name, key))
+        _train(steps=4)
+        monkeypatch.undo()
+    assert t.transfers == 4
+    assert calls == {"item": 0, "tolist": 4, "cpu": 0, "bool": 0, "numpy": 0}
+
+
+def test_hooks_come_off_after_an_exception_and_keyboard_interrupt():
+    from torch.nn.modules import module as nn_module
+
+    def hook_count():
+        return (len(nn_module._global_forward_hooks), len(nn_module._global_forward_pre_hooks))
+
+    before = hook_count()
+    step_before = torch.amp.GradScaler.step, torch.amp.GradScaler.update
+    for exc in (RuntimeError("x"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)):
+            with Tracer():
+                nn.Linear(2, 2)(torch.ones(1, 2))
+                raise exc
+        assert hook_count() == before
+        assert (torch.amp.GradScaler.step, torch.amp.GradScaler.update) == step_before
+
+
+def test_no_grad_and_inference_without_optimizer():
+    m = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+    with Tracer() as t, torch.no_grad():
+        m(torch.randn(2, 4))
+    rep = t.report()
+    assert rep["steps"] == 1 and all(r["phase"] == "forward" for r in rep["modules"])
+
+
+def test_integer_bool_empty_and_structured_outputs_are_skipped_cleanly():
+    class Odd(nn.Module):
+        def forward(self, x):
+            return {"ids": x.argmax(-1), "mask": x > 0, "empty": x[:0], "t": (x * 2, None, 3)}
+
+    with Tracer() as t:
+        Odd()(torch.randn(3, 4))
+    row = next(r for r in t.report()["modules"] if r["module"] == "(Odd)")
+    assert row["calls"] == 1 and row["dtype"] == "float32"
+
+
+def test_several_roots_are_named_apart():
+    a, b = nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2))
+    with Tracer() as t:
+        a(torch.ones(1, 2))
+        b(torch.ones(1, 2))
+    names = sorted(r["module"] for r in t.report()["modules"])
+    assert names == ["(Linear)", "Sequential", "Sequential.0"]
+
+
+def test_memory_is_flat_over_many_steps():
+    m = nn.Linear(8, 8)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    with Tracer() as t:
+        for _ in range(300):
+            m(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        pending = len(t._pending)
+    assert pending == 0 and t.steps == 300
+    assert len(t.modules) == 2  # fixed-size aggregates, not per-step history
