@@ -74,10 +74,10 @@ def strip_parens(expr: cst.BaseExpression) -> cst.BaseExpression:
 
 # -- conditions ------------------------------------------------------------------------
 
-def cond_key(test: cst.BaseExpression) -> tuple[str, bool]:
-    """A normal form of an ``if`` test and whether the test is its positive form:
-    ``not x`` -> (x, False), ``x is None`` -> (x, False), ``x is not None`` -> (x, True),
-    ``a != b`` -> (a == b, False)."""
+def cond_key(test: cst.BaseExpression) -> tuple[str, bool, tuple[str, str] | None]:
+    """A normal form of an ``if`` test, whether the test is its positive form, and for an
+    equality with a literal the (left, literal) pair: ``not x`` -> (x, False),
+    ``x is None`` -> (x, False), ``x is not None`` -> (x, True), ``a != "b"`` -> (a == "b", False)."""
     positive = True
     while True:
         while getattr(test, "lpar", None):
@@ -92,14 +92,25 @@ def cond_key(test: cst.BaseExpression) -> tuple[str, bool]:
         op = comp.operator
         right = comp.comparator
         if isinstance(right, cst.Name) and right.value == "None" and isinstance(op, (cst.Is, cst.IsNot)):
-            key, pos = cond_key(test.left)
+            key, pos, _ = cond_key(test.left)
             here = pos if isinstance(op, cst.IsNot) else not pos
-            return key, here if positive else not here
+            return key, here if positive else not here, None
         if isinstance(op, (cst.Equal, cst.NotEqual)):
-            key = f"{code_of(test.left)} == {code_of(right)}"
+            left = " ".join(code_of(test.left).split())
+            lit = " ".join(code_of(right).split())
             pos = isinstance(op, cst.Equal)
-            return " ".join(key.split()), pos if positive else not pos
-    return " ".join(code_of(test).split()), positive
+            eq = (left, lit) if isinstance(right, (cst.SimpleString, cst.Integer, cst.Float)) else None
+            return f"{left} == {lit}", pos if positive else not pos, eq
+    return " ".join(code_of(test).split()), positive, None
+
+
+_AMP_TOKENS = {"amp", "scaler", "fp16", "float16", "half", "mixed", "precision", "bf16", "bfloat16", "fp32",
+               "float32", "apex", "autocast", "fp8"}
+
+
+def amp_related(test: cst.BaseExpression) -> bool:
+    """The test selects a precision mode (``use_amp``, ``scaler is not None``, ``args.fp16``)."""
+    return any(t in _AMP_TOKENS for t in re.split(r"[^a-z0-9]+", code_of(test).lower()))
 
 
 def accumulation_like(test: cst.BaseExpression) -> bool:
@@ -124,6 +135,8 @@ class Cond:
     text: str
     node: cst.CSTNode = field(compare=False, hash=False, repr=False, default=None)  # type: ignore[assignment]
     in_body: bool = True  # the event is in the body (not the else/elif part)
+    eq: tuple[str, str] | None = None  # `x == "literal"`: (x, "literal")
+    amp: bool = False  # the test selects a precision mode
 
     def other_branch_exits(self) -> bool:
         """The other branch of this ``if`` ends with ``continue``/``break``/``return``/``raise``."""
@@ -169,6 +182,8 @@ def exclusive(a: Event, b: Event) -> bool:
         for c2 in b.conds:
             if (c1.if_id == c2.if_id or c1.key == c2.key) and c1.truth != c2.truth:
                 return True
+            if c1.eq and c2.eq and c1.truth and c2.truth and c1.eq[0] == c2.eq[0] and c1.eq[1] != c2.eq[1]:
+                return True  # `if mode == "amp":` ... `if mode == "fp32":`
     return False
 
 
@@ -250,10 +265,10 @@ class ScalerFlow(Rule):
             if p is loop:
                 in_loop = False
             if isinstance(p, (cst.If, cst.IfExp)) and (child is p.body or child is p.orelse):
-                key, positive = cond_key(p.test)
+                key, positive, eq = cond_key(p.test)
                 truth = positive if child is p.body else not positive
                 out.append(Cond(id(p), key, truth, accumulation_like(p.test), in_loop, short(code_of(p.test)),
-                                p, child is p.body))
+                                p, child is p.body, eq, amp_related(p.test)))
         return tuple(out)
 
     def _exits(self, region) -> tuple[tuple[int, int | None], ...]:

@@ -36,6 +36,9 @@ class ClipWithoutUnscale(ScalerFlow):
                 continue
             if next((e for e in after if e.kind == "update"), q).order < q.order:
                 continue  # an update comes first: the step belongs to a later round
+            if any(cc.amp and not any(cq.if_id == cc.if_id or (cq.key, cq.truth) == (cc.key, cc.truth)
+                                      for cq in q.conds) for cc in c.conds):
+                continue  # `if not use_amp: clip(...)` around a scaler that is then disabled
             before = [e for e in self.events if e.region == c.region and e.order < c.order]
             bws = [b for b in before if b.kind == "scale_bw" and reaches(b, c)]
             if bws:

@@ -24,6 +24,8 @@ class PlainBackwardWithScaler(ScalerFlow):
         for p in self.events:
             if p.kind != "plain_bw":
                 continue
+            if any(c.amp for c in p.conds):
+                continue  # `if not use_amp: loss.backward()`: the author picks the backward per mode
             region = [e for e in self.events if e.region == p.region]
             if any(e.kind in ("scale_bw", "maybe_bw") and exclusive(e, p) for e in region):
                 continue  # `if amp: S.scale(l).backward() else: l.backward()`: a deliberate switch

@@ -24,6 +24,8 @@ class ScaleWithoutScalerStep(ScalerFlow):
         for t in self.events:
             if t.kind != "plain_step":
                 continue
+            if any(c.amp for c in t.conds):
+                continue  # `if not use_amp: optimizer.step()`: the plain step of the non-AMP mode
             region = [e for e in self.events if e.region == t.region]
             if any(e.kind in ("step", "unscale", "unscale_any") for e in region):
                 continue  # the scaler steps (or unscales) somewhere in this function
