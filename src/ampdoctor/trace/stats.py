@@ -117,8 +117,22 @@ def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]
     flat = x.reshape(-1)
     if n > SAMPLE:
         flat = flat[:: -(-n // SAMPLE)].contiguous()
-    counts = torch.bincount(torch.bucketize(flat, bounds_for(x.device)), minlength=NBUCKETS)
-    return mm, counts, n, flat.numel()
+    idx = torch.bucketize(flat, bounds_for(x.device))
+    return mm, _count(idx), n, flat.numel()
+
+
+def _count(idx: torch.Tensor) -> torch.Tensor:
+    """Occurrences of each bucket index, without a host sync.
+
+    CPU ``bincount`` is synchronous anyway; on accelerators ``bincount`` reads the maximum
+    back to size its output, so a fixed-size ``index_add_`` is used instead (or, under
+    ``torch.use_deterministic_algorithms``, a one-hot sum, which is deterministic)."""
+    if idx.device.type == "cpu":
+        return torch.bincount(idx, minlength=NBUCKETS)
+    if torch.are_deterministic_algorithms_enabled():
+        return (idx.unsqueeze(-1) == torch.arange(NBUCKETS, device=idx.device)).sum(0)
+    ones = torch.ones((), dtype=torch.int64, device=idx.device).expand(idx.numel())
+    return torch.zeros(NBUCKETS, dtype=torch.int64, device=idx.device).index_add_(0, idx, ones)
 
 
 @dataclass
