@@ -13,7 +13,7 @@ protocol with enough context to compare two events afterwards:
 - ``zero_grad`` ``opt.zero_grad()`` or ``model.zero_grad()``
 - ``clip``      gradient clipping, or a magnitude read of ``p.grad``
 
-Rules then decide in ``leave_Module``. Two events ``a`` (earlier) and ``b`` (later) of one
+Rules then decide in ``decide()``, called at the end of the file. Two events ``a`` (earlier) and ``b`` (later) of one
 function can run in the same pass when ``reaches(a, b)``: they are not in exclusive
 branches (the same ``if``, or two ``if``s with the same condition, one negated), and no
 ``return``/``raise``/``continue``/``break`` after ``a`` ends its block before ``b``.
@@ -231,7 +231,7 @@ def _wrapper_receiver(expr: cst.BaseExpression) -> bool:
 # -- the collector ------------------------------------------------------------------------
 
 class ScalerFlow(Rule):
-    """Base class: collects protocol events; subclasses decide in ``leave_Module``."""
+    """Base class: collects protocol events; subclasses implement ``decide()``."""
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -239,6 +239,17 @@ class ScalerFlow(Rule):
         # per region: dotted names currently holding a scaled loss -> the scaler (or "?")
         self._scaled: dict[tuple[int, str], str] = {}
         self._seen_statements: set[int] = set()
+        # scalers built with a literal `enabled=False`: (function id, name), or (0, "self.x")
+        self._disabled: set[tuple[int, str]] = set()
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if self._disabled:
+            self.events = [e for e in self.events
+                           if (e.region, e.scaler) not in self._disabled and (0, e.scaler) not in self._disabled]
+        self.decide()
+
+    def decide(self) -> None:  # pragma: no cover - every rule overrides it
+        raise NotImplementedError
 
     # ---- context of the current node
     def _context(self):
@@ -339,6 +350,12 @@ class ScalerFlow(Rule):
         return generic
 
     def _bind(self, targets, value) -> None:
+        if isinstance(value, cst.Call) and h.is_grad_scaler_name(self.ctx.names.qualified(value.func)):
+            enabled = h.arg(value, None, "enabled")
+            if isinstance(enabled, cst.Name) and enabled.value == "False":
+                region = self._region_id()
+                for d in filter(None, map(dotted_name, targets)):
+                    self._disabled.add((0 if "." in d or self.ctx.scope_depth == 0 else region, d))
         region = self._region_id()
         s = self._scaled_by(value) if value is not None else None
         for t in targets:

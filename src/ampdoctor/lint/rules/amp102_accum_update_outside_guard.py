@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.scaler_util import ScalerFlow, exclusive
@@ -23,7 +22,7 @@ class AccumUpdateOutsideGuard(ScalerFlow):
     words = (b"caler.step(", b"GradScaler")
     summary = "Gradient accumulation: `GradScaler.update()`/`unscale_()` outside the `if` that guards `step()`."
 
-    def leave_Module(self, node: cst.Module) -> None:
+    def decide(self) -> None:
         for u in self.events:
             if u.kind not in ("update", "unscale") or u.loop is None:
                 continue

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import libcst as cst
-
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.scaler_util import ScalerFlow, reaches
 
@@ -21,7 +19,7 @@ class UnscaleTwice(ScalerFlow):
     words = (b"unscale_(",)
     summary = "`GradScaler.unscale_()` twice for one optimizer (or after `step()`) before `update()`."
 
-    def leave_Module(self, node: cst.Module) -> None:
+    def decide(self) -> None:
         for u in self.events:
             if u.kind != "unscale":
                 continue

@@ -24,7 +24,7 @@ class ClipWithoutUnscale(ScalerFlow):
     words = (b"caler.step(", b"GradScaler")
     summary = "Gradient clipping or a gradient-norm read on scaled gradients, before `GradScaler.unscale_()`."
 
-    def leave_Module(self, node: cst.Module) -> None:
+    def decide(self) -> None:
         fixed_windows: list[tuple[Event, tuple]] = []
         unscaled_scalers = {e.scaler for e in self.events if e.kind == "unscale"}
         for c in self.events:

@@ -20,7 +20,7 @@ class PlainBackwardWithScaler(ScalerFlow):
     words = (b"caler.step(", b"GradScaler")
     summary = "An unscaled `loss.backward()` whose gradients are stepped by `GradScaler.step()`."
 
-    def leave_Module(self, node: cst.Module) -> None:
+    def decide(self) -> None:
         for p in self.events:
             if p.kind != "plain_bw":
                 continue

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.scaler_util import ScalerFlow, reaches
@@ -20,7 +19,7 @@ class ScaleWithoutScalerStep(ScalerFlow):
     words = (b"caler.scale(", b"GradScaler")
     summary = "`GradScaler.scale(loss).backward()` followed by a plain `optimizer.step()`."
 
-    def leave_Module(self, node: cst.Module) -> None:
+    def decide(self) -> None:
         for t in self.events:
             if t.kind != "plain_step":
                 continue
