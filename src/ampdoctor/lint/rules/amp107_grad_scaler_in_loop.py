@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import setup_util as u
+from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.rule import FixSpec, Rule
+
+_SCALER_METHODS = ("scale", "step", "unscale_", "update")
+
+
+class GradScalerInLoop(Rule):
+    """A GradScaler constructed on every iteration of a training or epoch loop."""
+
+    code = "AMP107"
+    name = "grad-scaler-in-loop"
+    severity = Severity.WARNING
+    message = ("`{c}(...)` is created anew on every iteration of this {kind} loop, so the loss scale "
+               "restarts at its initial value each time and never settles. Create the scaler once, "
+               "before the loop.")
+    fix_title = "Hoist the GradScaler out of the loop"
+    fix_availability = "unsafe"
+    words = (b"GradScaler",)
+    summary = "A `GradScaler` is created inside the training or epoch loop instead of once before it."
+
+    def visit_Call(self, node: cst.Call) -> None:
+        names = self.ctx.names
+        if not u.is_grad_scaler_ctor(names, node):
+            return
+        loop = h.enclosing_loop(self.ctx)
+        if loop is None:
+            return
+        kind = self._kind(loop)
+        if kind is None:
+            return
+        callee = u.code(node.func)
+        self.report(node, self.message.format(c=callee, kind=kind), self._fix(node, loop))
+
+    def _kind(self, loop: cst.CSTNode) -> str | None:
+        """"epoch" or "training" when the loop is one, else None (a loop over configurations,
+        folds or models that builds a fresh optimizer each time is a new run, not a bug)."""
+        names = self.ctx.names
+        body = list(h.walk(loop.body))
+        for n in body:
+            if isinstance(n, cst.Call):
+                q = names.qualified(n.func) or ""
+                if q.startswith("torch.optim.") and "lr_scheduler" not in q:
+                    return None
+            if isinstance(n, (cst.Assign, cst.AnnAssign)):
+                targets = [t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target]
+                for t in targets:
+                    d = dotted_name(t)
+                    if d and "optim" in d.rsplit(".", 1)[-1].lower():
+                        return None
+        header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
+        if any("epoch" in n for part in header for n in h.names_in(part)):
+            return "epoch"
+        for n in self._direct(loop.body):
+            if h.method_call(n, "backward") is not None:
+                return "training"
+            mc = h.method_call(n, *_SCALER_METHODS)
+            if mc is not None and h.is_scaler(names, mc[0]):
+                return "training"
+        return None
+
+    @staticmethod
+    def _direct(node: cst.CSTNode):
+        """Descendants of ``node`` that are not inside a nested loop or def."""
+        stack = list(reversed(node.children))
+        while stack:
+            n = stack.pop()
+            yield n
+            if isinstance(n, h.SCOPES + h.LOOPS):
+                continue
+            stack.extend(reversed(n.children))
+
+    def _fix(self, call: cst.Call, loop: cst.CSTNode) -> FixSpec | None:
+        stack = self.ctx.parents
+        # call <- Assign <- SimpleStatementLine <- IndentedBlock (loop.body) <- loop
+        if len(stack) < 5:
+            return None
+        assign, line, block, owner = stack[-2], stack[-3], stack[-4], stack[-5]
+        if not (isinstance(assign, (cst.Assign, cst.AnnAssign)) and assign.value is call
+                and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+                and block is loop.body and owner is loop and isinstance(block, cst.IndentedBlock)):
+            return None
+        if isinstance(assign, cst.Assign):
+            if len(assign.targets) != 1:
+                return None
+            target = dotted_name(assign.targets[0].target)
+        else:
+            target = dotted_name(assign.target)
+        if target is None:
+            return None
+        bound = u.bound_names(loop)
+        if u.depends_on(call, bound):
+            return None
+        # the scaler is bound only here, and the loop header does not read it
+        count = 0
+        for n in h.walk(loop.body):
+            if isinstance(n, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+                ts = [t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target]
+                if any(dotted_name(t) == target for t in ts):
+                    count += 1
+        if count != 1:
+            return None
+        header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
+        if any(target in u.chains(part) for part in header):
+            return None
+        # the statements before it in the body must not read the scaler (they would see
+        # last iteration's value, and after the hoist the new one)
+        idx = next(i for i, s in enumerate(block.body) if s is line)
+        if any(target in u.chains(s) for s in block.body[:idx]):
+            return None
+        rest = [s for s in block.body if s is not line]
+        comments = [ll for ll in line.leading_lines if ll.comment is not None]
+        hoisted = line.with_changes(leading_lines=[*loop.leading_lines, *comments])
+        if not rest:
+            rest = [cst.SimpleStatementLine([cst.Pass()])]
+        elif idx == 0:
+            rest[0] = rest[0].with_changes(leading_lines=[
+                ll for ll in rest[0].leading_lines if ll.comment is not None])
+        new_loop = loop.with_changes(leading_lines=[], body=block.with_changes(body=rest))
+        return FixSpec(((loop, cst.FlattenSentinel([hoisted, new_loop])),), safe=False, title=self.fix_title)
