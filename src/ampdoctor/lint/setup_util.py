@@ -103,6 +103,17 @@ def possible_dtypes(names: Names, expr: cst.CSTNode | None) -> set[str]:
 
 # -- "is this enabled when the run is bf16?" -------------------------------------------
 
+_DTYPE_WORDS = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
+
+
+def literal_dtype(names: Names, node: cst.CSTNode) -> str | None:
+    """The dtype a node spells out (``torch.bfloat16``, ``"bf16"``, an imported ``bfloat16``), but
+    not a variable that merely holds one (``dtype = torch.bfloat16`` makes ``dtype`` an alias)."""
+    if isinstance(node, cst.Name) and node.value not in _DTYPE_WORDS:
+        return None
+    return h.dtype_of(names, node)
+
+
 def _collection(node: cst.CSTNode) -> list[cst.BaseExpression] | None:
     if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
         if any(isinstance(e, cst.StarredElement) for e in node.elements):
@@ -128,7 +139,7 @@ def _values(names: Names, node: cst.CSTNode, positive: list) -> set[bool]:
         left, right = node.left, comp.comparator
         if isinstance(op, (cst.In, cst.NotIn)):
             items = _collection(right)
-            if items is not None and h.dtype_of(names, left) is None:
+            if items is not None and literal_dtype(names, left) is None:
                 dts = [h.dtype_of(names, i) for i in items]
                 if "bfloat16" in dts:
                     v = isinstance(op, cst.In)
@@ -140,7 +151,7 @@ def _values(names: Names, node: cst.CSTNode, positive: list) -> set[bool]:
                     positive.append(node)
                 return {v}
         elif isinstance(op, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)):
-            dl, dr = h.dtype_of(names, left), h.dtype_of(names, right)
+            dl, dr = literal_dtype(names, left), literal_dtype(names, right)
             if (dl is None) != (dr is None):
                 v = (dl or dr) == "bfloat16"
                 if isinstance(op, (cst.NotEqual, cst.IsNot)):
@@ -171,7 +182,7 @@ def fp16_only_rewrite(names: Names, expr: cst.BaseExpression) -> cst.BaseExpress
             and isinstance(expr.comparisons[0].operator, cst.In)):
         return None
     items = _collection(expr.comparisons[0].comparator)
-    if not items or h.dtype_of(names, expr.left) is not None:
+    if not items or literal_dtype(names, expr.left) is not None:
         return None
     dts = [h.dtype_of(names, i) for i in items]
     if any(d not in ("float16", "bfloat16") for d in dts) or "float16" not in dts:

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import setup_util as u
+from ampdoctor.lint.rule import FixSpec, Rule
+
+
+@dataclass
+class _Scaler:
+    call: cst.Call
+    enabled: cst.BaseExpression | None
+    bf16_enabled: bool  # `enabled=` is true because the run is bf16
+    conditional: bool  # created under a branch about the precision
+
+
+class GradScalerWithBf16(Rule):
+    """A GradScaler that is active for bfloat16 runs."""
+
+    code = "AMP108"
+    name = "grad-scaler-with-bf16"
+    severity = Severity.WARNING
+    message = ("This GradScaler is enabled for bfloat16 too (`enabled={e}`): bf16 has fp32's exponent "
+               "range and needs no loss scaling, so it only adds an unscale and an inf check to every "
+               "step and can skip steps. Enable it for float16 only.")
+    all_bf16_message = ("Every autocast region in this file runs in bfloat16, which needs no loss scaling, "
+                        "yet this GradScaler is always enabled: it adds an unscale and an inf check to every "
+                        "step and can skip steps. Drop it, or create it with `enabled=False` for bf16.")
+    fix_title = "Enable the GradScaler for float16 only"
+    fix_availability = "safe"
+    words = (b"GradScaler",)
+    summary = "A `GradScaler` that is enabled for bfloat16 autocast, which needs no loss scaling."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.scalers: list[_Scaler] = []
+        self.autocasts: list[h.Autocast] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        names = self.ctx.names
+        ac = h.autocast_call(names, node)
+        if ac is not None:
+            if ac.enabled is not False:
+                self.autocasts.append(ac)
+            return
+        if not u.is_grad_scaler_ctor(names, node) or h.has_star_args(node):
+            return
+        enabled = u.scaler_enabled(names, node)
+        self.scalers.append(_Scaler(
+            node, enabled,
+            enabled is not None and u.enables_for_bf16(names, enabled),
+            u.in_precision_branch(self.ctx)))
+
+    def leave_Module(self, node: cst.Module) -> None:
+        acs = self.autocasts
+        # a region that computes in fp16 (explicitly or by default) or an unknown dtype
+        fp16_possible = any(ac.effective_dtype != "bfloat16" for ac in acs)
+        implicit = any(ac.dtype_expr is None and ac.device != "cpu" for ac in acs)
+        all_bf16 = bool(acs) and not fp16_possible
+        for s in self.scalers:
+            if s.bf16_enabled:
+                fix = None
+                # disabling the scaler for bf16 is only right when autocast really runs bf16
+                # then: a CUDA autocast without dtype runs fp16 whatever the config says
+                if acs and not implicit:
+                    new = u.fp16_only_rewrite(self.ctx.names, s.enabled)
+                    if new is not None:
+                        fix = FixSpec(((s.enabled, new),), safe=True, title=self.fix_title)
+                self.report(s.call, self.message.format(e=u.short(s.enabled)), fix)
+            elif all_bf16 and not s.conditional and (s.enabled is None or u.is_literal(s.enabled, True)):
+                self.report(s.call, self.all_bf16_message)
