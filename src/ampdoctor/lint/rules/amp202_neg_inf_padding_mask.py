@@ -1,0 +1,282 @@
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import mask_util as mu
+from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.rule import Rule
+
+_CODE = cst.Module([])
+# a mask built from these can never hide a whole row: the diagonal stays visible
+_CAUSAL = ("causal", "tril", "triu", "future", "subsequent", "look_ahead", "lookahead", "autoregressive",
+           "upper", "lower", "diag", "window", "sliding", "band", "chunk", "local")
+# a mask built from these marks padding: a sequence that is all padding masks a whole row
+_PADDING = ("pad", "valid")
+_GUARD_CALLS = ("nan_to_num", "nan_to_num_", "isnan", "isfinite", "isinf", "isneginf", "all", "any")
+
+
+@dataclass
+class _Fill:
+    call: cst.Call
+    recv: cst.BaseExpression | None
+    mask: cst.BaseExpression
+    value: cst.BaseExpression
+    kind: str  # "masked_fill" or "where"
+
+
+class NegInfPaddingMask(Rule):
+    """``masked_fill(padding_mask, -inf)`` before a softmax: fully masked rows become NaN."""
+
+    code = "AMP202"
+    name = "neg-inf-padding-mask"
+    severity = Severity.WARNING
+    message = ("`{call}` fills a padding mask with -inf before a softmax: a row whose positions are all "
+               "masked (an empty sequence, left padding under a causal mask) becomes NaN, in float32 too. "
+               "Fill with `torch.finfo({recv}.dtype).min`, or use `F.scaled_dot_product_attention`.")
+    fix_availability = "suggestion"
+    words = (b"masked_fill", b"where(")
+    summary = "A padding mask filled with -inf before a softmax: fully masked rows turn into NaN."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.module: cst.Module | None = None
+        self._consts: dict[str, float] | None = None
+        self.fills: dict[int, list[_Fill]] = {}  # id(function) -> candidate fills
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.module = node
+
+    def visit_Call(self, node: cst.Call) -> None:
+        fn = h.enclosing_scope(self.ctx)
+        if not isinstance(fn, cst.FunctionDef) or h.has_star_args(node):
+            return
+        names = self.ctx.names
+        q = names.qualified(node.func)
+        fill = None
+        fills = []
+        if q in ("torch.masked_fill", "torch.Tensor.masked_fill"):
+            recv, mask, value = h.arg(node, 0, "input"), h.arg(node, 1, "mask"), h.arg(node, 2, "value")
+            if recv is not None and mask is not None and value is not None:
+                fill = _Fill(node, recv, mask, value, "masked_fill")
+        elif q == "torch.where":
+            cond, a, b = h.arg(node, 0, "condition"), h.arg(node, 1, "input"), h.arg(node, 2, "other")
+            if cond is not None and a is not None and b is not None:
+                fills = [_Fill(node, b, cond, a, "where"), _Fill(node, a, cond, b, "where")]
+        else:
+            mc = h.method_call(node, "masked_fill", "masked_fill_")
+            if mc is not None:
+                mask, value = h.arg(node, 0, "mask"), h.arg(node, 1, "value")
+                if mask is not None and value is not None:
+                    fill = _Fill(node, mc[0], mask, value, "masked_fill")
+        if fill is not None:
+            fills.append(fill)
+        for f in fills:
+            if self._maybe_inf(f.value):
+                self.fills.setdefault(id(fn), []).append(f)
+
+    def _maybe_inf(self, node) -> bool:
+        """A cheap first look: a literal -inf, or a name that may be bound to one."""
+        if isinstance(node, cst.Name):
+            return True
+        v = mu.const_value(self.ctx.names, node)
+        return v is not None and v == -math.inf
+
+    def _constants(self) -> dict[str, float]:
+        if self._consts is None:
+            self._consts = mu.module_constants(self.module, self.ctx.names) if self.module is not None else {}
+        return self._consts
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        fills = self.fills.pop(id(node), None)
+        if not fills:
+            return
+        flow = mu.FunctionFlow.of(node)
+        softmaxes = [(n, inp) for n in flow.nodes if (inp := self._softmax_input(n)) is not None]
+        if not softmaxes:
+            return
+        reported: set[int] = set()
+        for f in fills:
+            if id(f.call) in reported:
+                continue
+            at = flow.pos(f.call)
+            consts = mu.local_constants(self.ctx.names, flow, self._constants(), at)
+            if mu.const_value(self.ctx.names, f.value, consts) != -math.inf:
+                continue
+            sm = self._reaches_softmax(f, flow, softmaxes)
+            if sm is None or not self._padding(f.mask, flow, at) or self._guarded(f, flow, sm):
+                continue
+            recv = dotted_name(f.recv) if f.recv is not None else None
+            call = _CODE.code_for_node(f.call).strip()
+            if len(call) > 70:
+                call = _CODE.code_for_node(f.call.func).strip() + "(...)"
+            reported.add(id(f.call))
+            self.report(f.call, self.message.format(call=call, recv=recv or "scores"))
+
+    # -- data flow ---------------------------------------------------------------------
+    def _softmax_input(self, n: cst.CSTNode) -> cst.BaseExpression | None:
+        if not isinstance(n, cst.Call):
+            return None
+        names = self.ctx.names
+        q = names.qualified(n.func)
+        if q in ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.log_softmax",
+                 "torch.nn.functional.log_softmax", "torch.special.log_softmax"):
+            return h.arg(n, 0, "input")
+        made = names.made_by(n.func)
+        if made in ("torch.nn.Softmax", "torch.nn.LogSoftmax", "torch.nn.modules.activation.Softmax"):
+            return h.arg(n, 0, "input")
+        mc = h.method_call(n, "softmax", "log_softmax")
+        if mc is not None and dotted_name(mc[0]) != "self":
+            return mc[0]  # `scores.softmax(dim=-1)`
+        return None
+
+    def _reaches_softmax(self, f: _Fill, flow: mu.FunctionFlow, softmaxes) -> cst.CSTNode | None:
+        at = flow.pos(f.call)
+        for sm, inp in softmaxes:
+            if flow.within(f.call, inp):
+                return sm
+        tainted: set[str] = set()
+        start = at
+        if h.method_call(f.call, "masked_fill_") and f.recv is not None:
+            base = f.recv
+            while isinstance(base, cst.Subscript):
+                base = base.value
+            d = dotted_name(base)
+            if d is not None:
+                tainted.add(d)
+        for p in flow.ancestors(f.call):
+            if isinstance(p, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr)):
+                start = flow.end[id(p)]
+                for b in flow.bindings:
+                    if b.start == flow.pos(p):
+                        tainted.add(b.name)
+                break
+            if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                break
+        if not tainted:
+            return None
+        for b in sorted(flow.bindings, key=lambda b: b.end):
+            if b.start > start and b.value is not None and tainted & mu.expr_names(b.value):
+                tainted.add(b.name)
+        for sm, inp in softmaxes:
+            if flow.pos(sm) > start and tainted & mu.expr_names(inp):
+                return sm
+        return None
+
+    def _padding(self, mask: cst.BaseExpression, flow: mu.FunctionFlow, at: int) -> bool:
+        """Whether the mask marks padding that comes from outside the function.
+
+        The mask is followed back through local bindings. It counts as padding when a data name
+        in that derivation says so (`*pad*`, `*valid*`, `*lengths`, `*lens`; callees such as
+        `F.pad` do not count), or when it reads a `*mask*` parameter (other than the generic
+        `attn_mask`) and nothing in it looks causal (`triu`, `tril`, `causal`, a `self.bias`
+        buffer...). Either way it must read a parameter or an attribute of `self` beyond their
+        shape, device and dtype: a mask synthesised from sizes alone hides no real padding.
+        """
+        seen: set[tuple[str, int]] = set()
+        data_words: set[str] = set()
+        all_words: set[str] = set()
+        mask_param = provenance = buffers = False
+        todo = [(mask, at, 0)]
+        while todo:
+            expr, pos, depth = todo.pop()
+            data, callees = _data_names(expr, flow)
+            for n in [expr, *h.walk(expr, enter_scopes=True)]:
+                if isinstance(n, cst.Name):
+                    all_words.add(n.value.lower())
+            for n in data:
+                word = (n.value if isinstance(n, cst.Name) else n.attr.value).lower()
+                data_words.add(word)
+                if isinstance(n, cst.Name) and n.value in flow.params and n.value not in ("self", "cls"):
+                    provenance = True
+                    if "mask" in word and "attn_mask" not in word:
+                        mask_param = True
+                d = dotted_name(n) if isinstance(n, cst.Attribute) else None
+                if d is not None and d.startswith("self."):
+                    provenance = True
+                    if "mask" in d.lower() or "bias" in d.lower():
+                        buffers = True  # a registered (causal) mask buffer: `self.bias[..., :n, :n]`
+            all_words |= callees
+            if depth >= 4:
+                continue
+            for n in data:
+                name = dotted_name(n)
+                if name is None:
+                    continue
+                b = flow.binding_at(name, pos)
+                if b is not None and b.value is not None and (name, b.start) not in seen:
+                    seen.add((name, b.start))
+                    todo.append((b.value, b.start, depth + 1))
+        if not provenance:
+            return False
+        if any(any(p in w for p in _PADDING) or w.endswith(("lengths", "lens")) for w in data_words):
+            return True
+        text = " ".join(all_words)
+        return mask_param and not any(w in text for w in _CAUSAL) and not buffers
+
+    def _guarded(self, f: _Fill, flow: mu.FunctionFlow, sm: cst.CSTNode) -> bool:
+        """Fully masked rows are handled: NaNs cleaned after the softmax, rows zeroed by a second
+        fill, or the mask tested with `.all()`/`.any()`."""
+        mask_names = mu.expr_names(f.mask)
+        for n in flow.nodes:
+            if not isinstance(n, cst.Call):
+                continue
+            q = self.ctx.names.qualified(n.func) or ""
+            last = q.rsplit(".", 1)[-1]
+            if last in ("nan_to_num", "nan_to_num_", "isnan", "isfinite", "isinf", "isneginf", "_safe_softmax"):
+                return True
+            if last in ("all", "any") and mask_names & mu.expr_names(n):
+                return True
+            if flow.pos(n) > flow.pos(sm) and last in ("masked_fill", "masked_fill_", "where"):
+                for a in n.args:
+                    if h.number_value(a.value) == 0:
+                        return True
+        return False
+
+
+_META_ATTRS = ("shape", "device", "dtype", "ndim", "is_cuda", "layout")
+_META_METHODS = ("size", "dim", "numel", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "type_as")
+
+
+def _data_names(expr: cst.CSTNode, flow: mu.FunctionFlow) -> tuple[list[cst.CSTNode], set[str]]:
+    """The names and attributes whose values an expression reads (not only their shape, device or
+    dtype), and the lower-cased names of the functions and methods it calls."""
+    skip: set[int] = set()
+    callees: set[str] = set()
+    nodes = [expr, *h.walk(expr, enter_scopes=True)]
+    local = flow.params | {b.name for b in flow.bindings}
+    for n in nodes:
+        if isinstance(n, cst.Attribute) and n.attr.value in _META_ATTRS:
+            skip.add(id(n))
+            skip.update(id(m) for m in [n.value, *h.walk(n.value, enter_scopes=True)])
+        elif isinstance(n, cst.Call):
+            skip.update(id(a.keyword) for a in n.args if a.keyword is not None)
+            func = n.func
+            if isinstance(func, cst.Name):
+                skip.add(id(func))
+                callees.add(func.value.lower())
+            elif isinstance(func, cst.Attribute):
+                skip.add(id(func))
+                skip.add(id(func.attr))
+                callees.add(func.attr.value.lower())
+                base = func.value
+                if func.attr.value in _META_METHODS or (
+                        isinstance(base, (cst.Name, cst.Attribute)) and (dotted_name(base) or "") not in local
+                        and not (dotted_name(base) or "").startswith("self.")):
+                    # `x.size(1)`, `torch.tril(...)`, `F.pad(...)`, `self.helper(...)`
+                    skip.update(id(m) for m in [base, *h.walk(base, enter_scopes=True)])
+    out = []
+    for n in nodes:
+        if id(n) in skip:
+            continue
+        if isinstance(n, cst.Attribute):
+            out.append(n)
+            # its parts are covered by the chain itself
+            skip.update(id(m) for m in h.walk(n, enter_scopes=True) if isinstance(m, (cst.Name, cst.Attribute)))
+        elif isinstance(n, cst.Name):
+            out.append(n)
+    return out, callees
