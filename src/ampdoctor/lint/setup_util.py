@@ -391,6 +391,28 @@ def _names_of(targets: list[cst.CSTNode]) -> set[str]:
     return out
 
 
+NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad",
+           "torch.autograd.grad_mode.inference_mode", "torch.autograd.inference_mode"}
+
+
+def _is_no_grad_with(names: Names, node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.With) and any(
+        isinstance(i.item, cst.Call) and names.qualified(i.item.func) in NO_GRAD for i in node.items)
+
+
+def _grad_assignments(names: Names, node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Targets assigned under ``node`` outside ``with torch.no_grad()`` blocks and nested defs."""
+    out: list[cst.CSTNode] = []
+    stack = list(reversed(node.children))
+    while stack:
+        n = stack.pop()
+        if isinstance(n, h.SCOPES) or _is_no_grad_with(names, n):
+            continue
+        out.extend(_assigned(n))
+        stack.extend(reversed(n.children))
+    return out
+
+
 class AutocastFlow:
     """Records ``with autocast(...)`` blocks (also ``ctx = autocast(...)`` then ``with ctx:``)
     and backward calls, and tells which blocks compute something a backward pass reads:
@@ -423,8 +445,8 @@ class AutocastFlow:
     def backward_call(self, ctx: Context, call: cst.Call) -> None:
         self.backward.setdefault(id(scope_node(ctx)), []).append(call)
 
-    def feeding(self) -> list[tuple[cst.With, cst.CSTNode, cst.Call]]:
-        """The blocks whose results reach a backward call of the same scope."""
+    def feeding(self, names: Names) -> list[tuple[cst.With, cst.CSTNode, cst.Call]]:
+        """The blocks whose results (computed with grad) reach a backward call of the same scope."""
         out = []
         blocks = self.blocks + [(w, sc, self.named[d]) for w, sc, d in self.pending if d in self.named]
         for block, scope, call in blocks:
@@ -432,7 +454,7 @@ class AutocastFlow:
             if not calls:
                 continue
             wanted = {id(c) for c in calls}
-            tainted = _names_of([t for n in h.walk(block.body) for t in _assigned(n)])
+            tainted = _names_of(_grad_assignments(names, block.body))
             started = False
             hit = False
             for n in h.walk(scope):
