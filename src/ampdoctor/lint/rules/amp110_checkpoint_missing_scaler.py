@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import setup_util as u
+from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.rule import Rule
+
+_SAVE = {"torch.save", "torch.serialization.save"}
+_SCALER_METHODS = ("scale", "unscale_", "step", "update")
+_MUTATORS = ("update", "setdefault", "__setitem__", "pop", "clear")
+
+
+@dataclass
+class _Save:
+    call: cst.Call
+    scope: int
+    arg: cst.BaseExpression
+    order: int
+    func_id: int  # id of the enclosing def, 0 at module level
+    function: str | None  # name of the enclosing def
+    klass: int | None  # id of the enclosing class
+
+
+def _where(ctx) -> tuple[int, str | None, int | None]:
+    """(id of the innermost def or 0, its name, id of the innermost class or None)."""
+    func = None
+    klass = None
+    for p in ctx.ancestors():
+        if isinstance(p, cst.FunctionDef) and func is None:
+            func = p
+        elif isinstance(p, cst.ClassDef) and klass is None:
+            klass = p
+    return (id(func) if func else 0), (func.name.value if func else None), (id(klass) if klass else None)
+
+
+class CheckpointMissingScaler(Rule):
+    """A training checkpoint that stores the optimizer state but not the GradScaler's."""
+
+    code = "AMP110"
+    name = "checkpoint-missing-scaler"
+    severity = Severity.WARNING
+    message = ("This checkpoint stores the optimizer state but not the GradScaler's: a resumed run "
+               "restarts the loss scale at its initial value and skips steps until it backs off again. "
+               "Add `\"scaler\": {s}.state_dict()` and restore it with `{s}.load_state_dict(...)`.")
+    fix_availability = "suggestion"
+    words = (b"GradScaler", b"scaler")
+    summary = "`torch.save` of a training checkpoint with the optimizer state but no GradScaler state."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.uses_scaler = False
+        # where a scaler's state_dict() is taken (saved separately, or added to the dict later)
+        self.saved_defs: set[int] = set()
+        self.saved_classes: set[int] = set()
+        self.scaler_names: list[str] = []
+        self.saves: list[_Save] = []
+        # (scope id, name) -> list of (order, value) of every binding; names that are mutated
+        self.bindings: dict[tuple[int, str], list[tuple[int, cst.BaseExpression | None]]] = {}
+        self.mutated: set[tuple[int, str]] = set()
+        self.order = 0
+        # where the scaler lives: defs, classes, module level; and the names each def calls
+        self.scaler_defs: set[int] = set()
+        self.scaler_classes: set[int] = set()
+        self.calls: dict[int, set[str]] = {}
+
+    def _scope(self) -> int:
+        s = h.enclosing_scope(self.ctx)
+        return id(s) if s is not None else 0
+
+    # -- collection -------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.order += 1
+        names = self.ctx.names
+        scope, _, klass = _where(self.ctx)
+        callee = dotted_name(node.func)
+        if callee is not None:
+            self.calls.setdefault(scope, set()).add(callee.rsplit(".", 1)[-1])
+        if u.is_grad_scaler_ctor(names, node):
+            if not u.scaler_off(names, node):
+                t = u.scaler_target(self.ctx)
+                self._scaler_here(scope, klass, t)
+                if t and t not in self.scaler_names:
+                    self.scaler_names.append(t)
+            return
+        mc = h.method_call(node, "state_dict", *_SCALER_METHODS, *_MUTATORS)
+        if mc is not None:
+            recv, meth = mc
+            if meth in _MUTATORS:
+                d = dotted_name(recv)
+                if d is not None:
+                    self.mutated.add((self._scope(), d))
+            elif h.is_scaler(names, recv):
+                if meth == "state_dict":
+                    self.saved_defs.add(scope)
+                    if klass is not None:
+                        self.saved_classes.add(klass)
+                else:
+                    self._scaler_here(scope, klass, dotted_name(recv))
+            return
+        if names.qualified(node.func) in _SAVE and node.args and node.args[0].keyword is None:
+            _, fname, _ = _where(self.ctx)
+            self.saves.append(_Save(node, self._scope(), node.args[0].value, self.order, scope, fname, klass))
+
+    def _scaler_here(self, scope: int, klass: int | None, name: str | None) -> None:
+        self.uses_scaler = True
+        self.scaler_defs.add(scope)
+        if klass is not None and name is not None and name.startswith(("self.", "cls.")):
+            self.scaler_classes.add(klass)  # an attribute: every method can reach it
+
+    def _related(self, save: _Save) -> bool:
+        """The save belongs to the program that uses the scaler: same def or class, a scaler at
+        module level, or a def that a scaler-using def calls (`save_checkpoint(...)`)."""
+        if 0 in self.scaler_defs or save.klass is not None and save.klass in self.scaler_classes:
+            return True
+        if save.func_id in self.scaler_defs:
+            return True
+        return save.function is not None and any(
+            save.function in self.calls.get(d, ()) for d in self.scaler_defs)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.order += 1
+        for t in node.targets:
+            self._bind(t.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.order += 1
+        self._bind(node.target, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target, None)
+
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        scope = self._scope()
+        if isinstance(target, cst.Subscript):  # `ckpt["scaler"] = ...`
+            d = dotted_name(target.value)
+            if d is not None:
+                self.mutated.add((scope, d))
+            return
+        d = dotted_name(target)
+        if d is None:
+            if isinstance(target, (cst.Tuple, cst.List)):
+                for e in target.elements:
+                    self._bind(e.value, None)
+            return
+        self.bindings.setdefault((scope, d), []).append((self.order, value))
+
+    # -- decision ---------------------------------------------------------------------
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.uses_scaler or 0 in self.saved_defs:
+            return
+        s = self.scaler_names[0] if len(self.scaler_names) == 1 else "scaler"
+        seen: set[int] = set()
+        for save in self.saves:
+            d = self._dict_of(save)
+            if d is None or id(d) in seen:
+                continue  # one report per checkpoint, not per `torch.save` of it (last, best, ...)
+            if not self._has_optimizer(d) or self._has_scaler(d) or not self._related(save):
+                continue
+            if save.func_id in self.saved_defs or save.klass is not None and save.klass in self.saved_classes:
+                continue  # the scaler state is saved next to it
+            seen.add(id(d))
+            self.report(save.call, self.message.format(s=s))
+
+    def _dict_of(self, save: _Save) -> cst.Dict | None:
+        if isinstance(save.arg, cst.Dict):
+            return save.arg
+        name = dotted_name(save.arg)
+        if name is None:
+            return None
+        key = (save.scope, name)
+        if key in self.mutated:
+            return None
+        # the latest binding before the save (a checkpoint loaded earlier under the same name
+        # is common); a later one may flow back around a loop
+        binds = self.bindings.get(key, [])
+        before = [b for b in binds if b[0] < save.order]
+        if not before or len(before) != len(binds) or not isinstance(before[-1][1], cst.Dict):
+            return None
+        return before[-1][1]
+
+    def _has_optimizer(self, d: cst.Dict) -> bool:
+        for el in d.elements:
+            if not isinstance(el, cst.DictElement):
+                continue
+            v = el.value
+            if isinstance(v, cst.Name) and v.value == "None":
+                continue  # `"optimizer": None` in a final, weights-only checkpoint
+            key = h.string_value(el.key)
+            if key is not None and "optim" in key.lower():
+                return True
+            if isinstance(v, cst.Call):
+                mc = h.method_call(v, "state_dict")
+                if mc is not None and u.is_optimizer(self.ctx.names, mc[0]):
+                    return True
+        return False
+
+    def _has_scaler(self, d: cst.Dict) -> bool:
+        for el in d.elements:
+            if isinstance(el, cst.StarredDictElement):
+                return True  # `**extra` may carry it
+            key = h.string_value(el.key)
+            if key is None and not isinstance(el.key, cst.SimpleString):
+                return True  # a computed key
+            if key is not None and ("scaler" in key.lower() or key.lower() in ("amp", "amp_state")):
+                return True
+            for n in [el.value, *h.walk(el.value, enter_scopes=True)]:
+                d = dotted_name(n)
+                if d is not None and ("scaler" in d.lower() or d.rsplit(".", 1)[-1] == "amp"):
+                    return True
+        return False
