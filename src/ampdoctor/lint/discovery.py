@@ -123,9 +123,14 @@ def discover(paths: list[str], finder: Finder, opts: ExcludeOptions, cwd: Path) 
     targets: dict[Path, Target] = {}
     problems: list[str] = []
 
-    def add(p: Path) -> None:
-        cfg = finder.for_dir(p.parent)
-        targets.setdefault(p, Target(p, display_path(p, cwd), cfg))
+    cwd_str = str(cwd)
+
+    def add(p: Path, cfg: Config | None = None) -> None:
+        if cfg is None:
+            cfg = finder.for_dir(p.parent)
+        s = str(p)
+        display = _rel_str(s, cwd_str) or p.as_posix()
+        targets.setdefault(p, Target(p, display, cfg))
 
     for raw in paths:
         p = Path(os.path.abspath(os.path.join(cwd, raw)))
@@ -156,6 +161,12 @@ def _named_excluded(p: Path, cfg: Config, opts: ExcludeOptions) -> bool:
                if _rel(q, cfg.root) not in (None, "."))
 
 
+def _rel_str(path: str, base: str) -> str | None:
+    if path.startswith(base) and len(path) > len(base) and path[len(base)] == os.sep:
+        return path[len(base) + 1:].replace(os.sep, "/")
+    return None
+
+
 def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnores, add, problems, raw) -> None:
     # A folder named on the command line is linted even when the excludes cover it; the
     # excludes then apply to what lies below it, matched from that folder.
@@ -163,35 +174,50 @@ def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnor
     # likewise a folder that git ignores (say, a package inside .venv/) is linted when named
     floor = top if opts.respect_gitignore and any(
         gitignores.ignored(q, True) for q in (top, *top.parents) if q.parent != q) else None
-    stack = [top]
+    floor_str = str(floor) if floor is not None else None
+    stack = [str(top)]
     while stack:
         d = stack.pop()
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as exc:
-            problems.append(f"{display_path(d, Path.cwd()) if d != top else raw}: cannot list folder ({exc.strerror})")
+            problems.append(f"{display_path(Path(d), Path.cwd()) if d != str(top) else raw}: "
+                            f"cannot list folder ({exc.strerror})")
             continue
-        cfg = finder.for_dir(d)
+        dpath = Path(d)
+        cfg = finder.for_dir(dpath)
+        spec = _exclude_spec(cfg, opts)
+        ex_base = str(base or cfg.root)
+        ignores = []
+        if opts.respect_gitignore:
+            ignores = [(str(b), gs) for b, gs in gitignores.specs(dpath)
+                       if floor_str is None or str(b) == floor_str or str(b).startswith(floor_str + os.sep)]
+
+        def excluded(path: str, name: str, is_dir: bool) -> bool:
+            rel = _rel_str(path, ex_base) or name
+            if spec.match_file(rel + "/" if is_dir else rel):
+                return True
+            for b, gs in ignores:
+                r = _rel_str(path, b)
+                if r and gs.match_file(r + "/" if is_dir else r):
+                    return True
+            return False
+
         subdirs = []
         for e in entries:
-            p = Path(e.path)
             try:
                 is_link = e.is_symlink()
                 is_dir = e.is_dir(follow_symlinks=False)
             except OSError:
                 continue
             if is_dir:
-                if is_excluded(p, cfg, opts, True, base) or (p / "pyvenv.cfg").exists():
+                if excluded(e.path, e.name, True) or os.path.exists(os.path.join(e.path, "pyvenv.cfg")):
                     continue
-                if opts.respect_gitignore and gitignores.ignored(p, True, floor):
-                    continue
-                subdirs.append(p)
+                subdirs.append(e.path)
             elif e.name.endswith(SUFFIXES):
                 if is_link and e.is_dir():
                     continue  # never follow links to folders (loops)
-                if is_excluded(p, cfg, opts, False, base):
+                if excluded(e.path, e.name, False):
                     continue
-                if opts.respect_gitignore and gitignores.ignored(p, False, floor):
-                    continue
-                add(p)
+                add(Path(e.path), cfg)
         stack.extend(reversed(subdirs))

@@ -1,0 +1,221 @@
+"""Tracer overhead, side by side: untraced vs ampdoctor's Tracer vs HF DebugUnderflowOverflow vs
+torch.autograd.detect_anomaly, on a GPT-like model with eager attention in two sizes.
+
+    python benchmarks/trace_bench.py [--reps 15] [--device cpu|cuda]
+
+Runs inside benchmarks/.venv (created on first use). Times forward + backward + optimizer
+step, interleaving the four configurations, and reports medians after warm-up, the ratio to
+untraced, and host synchronisations per step (Python-level device-to-host reads for the hook
+tools; for detect_anomaly, its C++ check of every backward node). Results go to RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_env  # noqa: E402
+
+bench_env.ensure(["torch==2.13.0", "transformers==5.24.0", "numpy"])
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from ampdoctor.trace import Tracer  # noqa: E402
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
+        self.register_buffer("bias", torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(~self.bias[:, :, :t, :t], torch.finfo(att.dtype).min)
+        att = torch.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, seq):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads, seq)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, d, heads, seq, vocab=2048):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq, d)
+        self.h = nn.ModuleList(Block(d, heads, seq) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+SIZES = {
+    "compute-bound (6 layers, d=512, 8 heads, seq 256, batch 8)": dict(layers=6, d=512, heads=8, seq=256, batch=8),
+    "overhead-bound (2 layers, d=128, 4 heads, seq 64, batch 2)": dict(layers=2, d=128, heads=4, seq=64, batch=2),
+}
+
+
+class SyncCounter:
+    """Counts Python-level device-to-host reads (item, tolist, cpu, bool, float, format, numpy)."""
+
+    NAMES = ("item", "tolist", "cpu", "__bool__", "__float__", "__format__", "numpy")
+
+    def __init__(self):
+        self.count = 0
+        self.saved = {}
+
+    def __enter__(self):
+        for n in self.NAMES:
+            orig = getattr(torch.Tensor, n)
+            self.saved[n] = orig
+
+            def wrap(*a, _orig=orig, **k):
+                self.count += 1
+                return _orig(*a, **k)
+            setattr(torch.Tensor, n, wrap)
+        return self
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+def backward_nodes(loss) -> int:
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    return len(seen)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    try:
+        from transformers.debug_utils import DebugUnderflowOverflow
+    except Exception as exc:  # pragma: no cover
+        DebugUnderflowOverflow = None
+        print(f"HF DebugUnderflowOverflow unavailable: {exc}")
+
+    lines = [f"## Tracer overhead ({date.today().isoformat()}, {args.device})", "",
+             f"Machine: {bench_env.machine()}; torch {torch.__version__}"
+             + (f", {torch.cuda.get_device_name()}" if dev.type == "cuda" else "")
+             + f". Forward+backward+SGD step, fp32 weights with {'fp16' if dev.type == 'cuda' else 'bf16'} "
+               f"autocast, median of {args.reps} interleaved runs after {args.warmup} warm-up runs.", ""]
+    for label, cfg in SIZES.items():
+        torch.manual_seed(0)
+        model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"]).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        idx = torch.randint(0, 2048, (cfg["batch"], cfg["seq"]), device=dev)
+        amp_dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
+
+        def step():
+            with torch.autocast(dev.type, dtype=amp_dtype):
+                logits = model(idx)
+            loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        def sync():
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+
+        def run_plain():
+            step()
+
+        tracer = Tracer()
+
+        def run_ours():
+            with tracer:
+                step()
+            tracer.__init__()  # fresh aggregates each run
+
+        hf_holder = {}
+
+        def run_hf():
+            dbg = DebugUnderflowOverflow(model, max_frames_to_save=21)
+            step()
+            hf_holder["dbg"] = dbg
+            for m in model.modules():  # HF keeps its hooks forever; remove them by hand
+                m._forward_hooks.clear()
+
+        def run_anomaly():
+            with torch.autograd.detect_anomaly(check_nan=True):
+                step()
+
+        configs = {"untraced": run_plain, "ampdoctor Tracer": run_ours, "torch detect_anomaly": run_anomaly}
+        if DebugUnderflowOverflow is not None:
+            configs["HF DebugUnderflowOverflow"] = run_hf
+        times = {k: [] for k in configs}
+        import warnings
+        warnings.filterwarnings("ignore")
+        for rep in range(args.warmup + args.reps):
+            order = list(configs)
+            order = order[rep % len(order):] + order[: rep % len(order)]
+            for name in order:
+                sync()
+                t0 = time.perf_counter()
+                configs[name]()
+                sync()
+                if rep >= args.warmup:
+                    times[name].append(time.perf_counter() - t0)
+        syncs = {}
+        for name, fn in configs.items():
+            with SyncCounter() as c:
+                fn()
+            syncs[name] = str(c.count)
+        with torch.autocast(dev.type, dtype=amp_dtype):
+            logits = model(idx)
+        nodes = backward_nodes(nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1)))
+        syncs["torch detect_anomaly"] = f"{nodes} backward-node checks (C++)"
+        base = statistics.median(times["untraced"])
+        lines += [f"### {label}", "", "| configuration | median step | ratio to untraced | host syncs per step |",
+                  "|---|---|---|---|"]
+        for name in configs:
+            med = statistics.median(times[name])
+            lines.append(f"| {name} | {med * 1000:.1f} ms | {med / base:.2f}x | {syncs[name]} |")
+        lines.append("")
+        print("\n".join(lines[-len(configs) - 4:]), flush=True)
+    bench_env.write_results(f"trace-{args.device}", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
