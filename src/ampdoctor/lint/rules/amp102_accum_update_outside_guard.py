@@ -2,7 +2,7 @@ from __future__ import annotations
 
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint.scaler_util import ScalerFlow, exclusive
+from ampdoctor.lint.scaler_util import ScalerFlow, exclusive, short
 
 
 class AccumUpdateOutsideGuard(ScalerFlow):
@@ -46,5 +46,5 @@ class AccumUpdateOutsideGuard(ScalerFlow):
                 if u.kind == "update":
                     msg = self.message.format(s=u.scaler, g=g.text)
                 else:
-                    msg = self.unscale_message.format(s=u.scaler, o=u.arg, g=g.text)
+                    msg = self.unscale_message.format(s=u.scaler, o=short(u.arg), g=g.text)
                 self.report(u.node, msg)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint.scaler_util import ScalerFlow, reaches
+from ampdoctor.lint.scaler_util import ScalerFlow, reaches, short
 
 
 class UnscaleTwice(ScalerFlow):
@@ -34,4 +34,4 @@ class UnscaleTwice(ScalerFlow):
             if prev is None or prev.kind == "update":
                 continue
             msg = self.message if prev.kind == "unscale" else self.after_step_message
-            self.report(u.node, msg.format(s=u.scaler, o=u.arg))
+            self.report(u.node, msg.format(s=u.scaler, o=short(u.arg)))

@@ -4,7 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.rule import FixSpec
-from ampdoctor.lint.scaler_util import Event, ScalerFlow, exclusive, insertion_point, reaches
+from ampdoctor.lint.scaler_util import Event, ScalerFlow, exclusive, insertion_point, reaches, short
 
 
 class ClipWithoutUnscale(ScalerFlow):
@@ -46,10 +46,8 @@ class ClipWithoutUnscale(ScalerFlow):
                 between = [e for e in before if e.order > b.order]
             else:
                 # the backward lives elsewhere (a `backward()` method): only when the scaler is
-                # never unscaled anywhere in the file and no other backward precedes the clip
-                if q.scaler in unscaled_scalers or any(e.kind.endswith("_bw") for e in before):
-                    continue
-                if any(e.kind.endswith("_bw") for e in self.in_region(c, "scale_bw", "maybe_bw", "plain_bw")):
+                # never unscaled anywhere in the file and this function has no backward at all
+                if q.scaler in unscaled_scalers or self.in_region(c, "scale_bw", "maybe_bw", "plain_bw"):
                     continue
                 b = None
                 between = before
@@ -57,7 +55,8 @@ class ClipWithoutUnscale(ScalerFlow):
                    for e in between):
                 continue
             template = self.read_message if c.extra.get("tensor_read") else self.message
-            self.report(c.node, template.format(f=c.arg, s=q.scaler, o=q.arg), self._fix(c, q, after, b, fixed_windows))
+            fix = self._fix(c, q, after, b, fixed_windows)
+            self.report(c.node, template.format(f=c.arg, s=q.scaler, o=short(q.arg)), fix)
 
     def _fix(self, c: Event, q: Event, after: list[Event], b: Event | None, fixed_windows) -> FixSpec | None:
         point = insertion_point(c, q)  # before `for p in params:`, not once per parameter
@@ -75,7 +74,10 @@ class ClipWithoutUnscale(ScalerFlow):
             if w == window and not exclusive(other, c):
                 return None  # one unscale_ per step: a second one would raise
         fixed_windows.append((c, window))
-        new = cst.parse_statement(f"{q.scaler}.unscale_({q.arg})\n")
+        try:
+            new = cst.parse_statement(f"{q.scaler}.unscale_({q.arg})\n")
+        except cst.ParserSyntaxError:
+            return None
         new = new.with_changes(leading_lines=target.leading_lines)
         title = self.fix_title.format(s=q.scaler, o=q.arg)
         return FixSpec(((target, cst.FlattenSentinel([new, target.with_changes(leading_lines=())])),),

@@ -46,4 +46,4 @@ class PlainBackwardWithScaler(ScalerFlow):
                 new_recv = cst.parse_expression(f"{q.scaler}.scale(x)")
                 new_recv = new_recv.with_changes(args=[cst.Arg(strip_parens(recv))])
                 fix = FixSpec(((recv, new_recv),), safe=False, title=self.fix_title.format(s=q.scaler, l=text))
-            self.report(p.node, self.message.format(r=short(p.arg), l=text, s=q.scaler, o=q.arg), fix)
+            self.report(p.node, self.message.format(r=short(p.arg), l=text, s=q.scaler, o=short(q.arg)), fix)

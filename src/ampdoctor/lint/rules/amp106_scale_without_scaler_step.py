@@ -2,7 +2,7 @@ from __future__ import annotations
 
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint.scaler_util import ScalerFlow, reaches
+from ampdoctor.lint.scaler_util import ScalerFlow, reaches, short
 
 
 class ScaleWithoutScalerStep(ScalerFlow):
@@ -34,4 +34,4 @@ class ScaleWithoutScalerStep(ScalerFlow):
                 continue
             if any(e.kind == "zero_grad" and b.order < e.order < t.order and reaches(b, e) for e in region):
                 continue  # the scaled gradients are cleared before the step
-            self.report(t.node, self.message.format(o=t.arg, s=b.scaler))
+            self.report(t.node, self.message.format(o=short(t.arg), s=b.scaler))
