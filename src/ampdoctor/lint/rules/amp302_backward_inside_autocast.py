@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import setup_util as u
+from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.rule import FixSpec, Rule
+
+_AUTOGRAD = {"torch.autograd.grad": "torch.autograd.grad", "torch.autograd.backward": "torch.autograd.backward"}
+# calls that may follow the backward at the end of the block and leave with it
+_AFTER_BACKWARD = ("backward", "step", "update", "zero_grad", "unscale_")
+_CLIPS = {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
+          "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_value_"}
+
+
+class BackwardInsideAutocast(Rule):
+    """A backward pass run inside an autocast-enabled region."""
+
+    code = "AMP302"
+    name = "backward-inside-autocast"
+    severity = Severity.WARNING
+    message = ("`{call}` runs inside an autocast-enabled region, so autocast also recasts the ops of the "
+               "backward pass, which should run in the dtypes the forward pass chose. Leave the `with` block "
+               "before the backward pass.")
+    fix_title = "Move the backward pass out of the autocast block"
+    fix_availability = "unsafe"
+    words = (b"autocast",)
+    summary = "`.backward()` or `torch.autograd.grad()` inside an autocast-enabled region."
+
+    def visit_Call(self, node: cst.Call) -> None:
+        names = self.ctx.names
+        q = names.qualified(node.func)
+        if q in _AUTOGRAD:
+            call = _AUTOGRAD[q] + "(...)"
+        elif h.method_call(node, "backward") is not None:
+            call = ".backward()"
+        else:
+            return
+        regions = list(u.own_autocasts(self.ctx))
+        if not regions or regions[0][0].enabled is False:
+            return
+        _, region = regions[0]
+        self.report(node, self.message.format(call=call), self._fix(region))
+
+    def _simple(self, expr: cst.CSTNode) -> bool:
+        """An expression that computes nothing autocast would touch: names, literals,
+        ``m.parameters()``, ``scaler.scale(loss)``."""
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            return dotted_name(expr) is not None
+        if isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)):
+            return True
+        if isinstance(expr, cst.UnaryOperation):
+            return self._simple(expr.expression)
+        if isinstance(expr, (cst.Tuple, cst.List)):
+            return all(self._simple(e.value) for e in expr.elements)
+        if isinstance(expr, cst.Call):
+            mc = h.method_call(expr, "parameters", "scale")
+            if mc is None or not self._simple(mc[0]):
+                return False
+            if mc[1] == "scale" and not h.is_scaler(self.ctx.names, mc[0]):
+                return False
+            return all(self._simple(a.value) for a in expr.args)
+        return False
+
+    def _is_backward_statement(self, stmt: cst.CSTNode) -> bool:
+        """``loss.backward()``, ``scaler.step(opt)``, ``grads = torch.autograd.grad(...)``, clipping."""
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            return False
+        for small in stmt.body:
+            if isinstance(small, cst.Expr):
+                value = small.value
+            elif isinstance(small, cst.Assign):
+                value = small.value
+            else:
+                return False
+            if not isinstance(value, cst.Call):
+                return False
+            if not all(self._simple(a.value) for a in value.args):
+                return False
+            q = self.ctx.names.qualified(value.func)
+            if q in _AUTOGRAD or q in _CLIPS:
+                continue
+            mc = h.method_call(value, *_AFTER_BACKWARD)
+            if isinstance(small, cst.Expr) and mc is not None and self._simple(mc[0]):
+                continue
+            return False
+        return True
+
+    def _fix(self, region: cst.CSTNode) -> FixSpec | None:
+        """Dedent the trailing backward statements when the current call is one of them."""
+        if not isinstance(region, cst.With) or len(region.items) != 1 or region.asynchronous is not None:
+            return None
+        body = region.body
+        if not isinstance(body, cst.IndentedBlock):
+            return None
+        stack = self.ctx.parents
+        try:
+            i = stack.index(body)
+        except ValueError:
+            return None
+        stmt = stack[i + 1] if i + 1 < len(stack) else None
+        statements = list(body.body)
+        if stmt not in statements:
+            return None
+        idx = next(k for k, s in enumerate(statements) if s is stmt)
+        start = idx
+        while start > 0 and self._is_backward_statement(statements[start - 1]):
+            start -= 1
+        if not all(self._is_backward_statement(s) for s in statements[start:]):
+            return None
+        # the trailing statements must not use what the with binds
+        if region.items[0].asname is not None:
+            bound = u.bound_names(region.items[0].asname)
+            if any(u.depends_on(s, bound) for s in statements[start:]):
+                return None
+        moved = statements[start:]
+        kept = statements[:start]
+        if kept:
+            out = [region.with_changes(body=body.with_changes(body=kept)), *moved]
+        else:
+            first = moved[0].with_changes(leading_lines=[*region.leading_lines, *moved[0].leading_lines])
+            out = [first, *moved[1:]]
+        return FixSpec(((region, cst.FlattenSentinel(out)),), safe=False, title=self.fix_title)
