@@ -191,3 +191,22 @@ def under_precision_branch(ctx: Context, root: cst.CSTNode) -> bool:
                 mentions_precision(p.test, frozenset({"pure", "fp8", "int8", "quant", "quantized"})):
             return True
     return False
+
+
+_VERSION_FLAG = re.compile(r"(?:^|_)(?:torch|pytorch|pt|th)_?(?:\d|version|greater|less|ge_|gt_|le_|lt_|geq|leq|"
+                           r"newer|older|at_least)|version|^is_torch")
+
+
+def in_version_guard(ctx: Context) -> bool:
+    """Under ``helpers.in_compat_guard`` or a branch on a torch-version flag that it does not
+    recognise: ``X if _TORCH_GREATER_EQUAL_2_4 else Y``, ``if TORCH_GE_2_4:``, ``if is_torch_2:``."""
+    if h.in_compat_guard(ctx):
+        return True
+    stack = ctx.parents
+    for i in range(len(stack) - 2, -1, -1):
+        p, child = stack[i], stack[i + 1]
+        if isinstance(p, (cst.If, cst.IfExp, cst.While)) and child is not p.test:
+            for n in [p.test, *h.walk(p.test, enter_scopes=True)]:
+                if isinstance(n, cst.Name) and _VERSION_FLAG.search(n.value.lower()):
+                    return True
+    return False

@@ -24,6 +24,29 @@ class BceUnderAutocast(Rule):
     words = (b"binary_cross_entropy", b"BCELoss")
     summary = "`binary_cross_entropy`/`BCELoss` inside CUDA autocast, which raises."
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # per def (module level first): local names bound so far -> whether to a BCELoss
+        self.scopes: list[dict[str, bool]] = [{}]
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.scopes.append({p.name.value: False for p in (*node.params.posonly_params, *node.params.params,
+                                                           *node.params.kwonly_params)})
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.scopes.pop()
+
+    def leave_Assign(self, node: cst.Assign) -> None:
+        is_bce = isinstance(node.value, cst.Call) and self.ctx.names.qualified(node.value.func) in _BCE_CLASSES
+        for t in node.targets:
+            if isinstance(t.target, cst.Name):
+                self.scopes[-1][t.target.value] = is_bce
+
+    def leave_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None and isinstance(node.target, cst.Name):
+            self.scopes[-1][node.target.value] = isinstance(node.value, cst.Call) and \
+                self.ctx.names.qualified(node.value.func) in _BCE_CLASSES
+
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
         func = node.func
@@ -31,8 +54,10 @@ class BceUnderAutocast(Rule):
         hit = q in _BCE_FUNCS
         if not hit and isinstance(func, cst.Call):
             hit = names.qualified(func.func) in _BCE_CLASSES  # nn.BCELoss()(p, y)
-        if not hit and isinstance(func, (cst.Name, cst.Attribute)):
-            hit = names.made_by(func) in _BCE_CLASSES  # criterion = nn.BCELoss(); criterion(p, y)
+        if not hit and isinstance(func, cst.Name):
+            hit = self.scopes[-1].get(func.value, False)  # criterion = nn.BCELoss(); criterion(p, y)
+        if not hit and isinstance(func, cst.Attribute):
+            hit = names.made_by(func) in _BCE_CLASSES  # self.criterion = nn.BCELoss() in __init__
         if not hit:
             return
         region = u.active_region(self.ctx)

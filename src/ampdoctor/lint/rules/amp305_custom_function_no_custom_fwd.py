@@ -37,11 +37,17 @@ class CustomFunctionNoCustomFwd(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.uses_autocast = False
-        self.pending: list[tuple[cst.CSTNode, str]] = []
+        self.pending: list[tuple[str, cst.CSTNode, str]] = []
+        # class name -> for each `Cls.apply(...)`: whether autocast is disabled around it
+        self.applies: dict[str, list[bool]] = {}
 
     def visit_Call(self, node: cst.Call) -> None:
         if not self.uses_autocast and self.ctx.names.qualified(node.func) in h.AUTOCAST_ALL:
             self.uses_autocast = True
+        mc = h.method_call(node, "apply")
+        if mc is not None and isinstance(mc[0], cst.Name):
+            rs = u.regions(self.ctx)
+            self.applies.setdefault(mc[0].value, []).append(bool(rs) and rs[0].ac.enabled is False)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         if not any(self.ctx.names.qualified(b.value) in _FUNCTION_BASES for b in node.bases):
@@ -55,12 +61,15 @@ class CustomFunctionNoCustomFwd(Rule):
         op = self._autocast_op(fwd)
         if op is None:
             return
-        self.pending.append((fwd.name, self.message.format(cls=node.name.value, op=op)))
+        self.pending.append((node.name.value, fwd.name, self.message.format(cls=node.name.value, op=op)))
 
     def leave_Module(self, node: cst.Module) -> None:
         if not self.uses_autocast:
             return
-        for n, msg in self.pending:
+        for cls, n, msg in self.pending:
+            calls = self.applies.get(cls)
+            if calls and all(calls):
+                continue  # only ever applied inside `autocast(enabled=False)` (on cast inputs)
             self.report(n, msg)
 
     def _handles_autocast(self, fwd: cst.FunctionDef) -> bool:

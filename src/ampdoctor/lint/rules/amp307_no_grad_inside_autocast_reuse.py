@@ -17,8 +17,8 @@ _SET_GRAD = {"torch.set_grad_enabled", "torch.autograd.set_grad_enabled",
 _INFERENCE = {"torch.inference_mode", "torch.autograd.inference_mode", "torch.autograd.grad_mode.inference_mode"}
 _GRAD_CALLS = {"torch.autograd.grad", "torch.autograd.backward"}
 _BUILTINS = set(dir(builtins))
-# the torch release in which the no_grad/autocast-cache interaction is verified fixed
-_FIXED_IN = (2, 13)
+# the torch release that fixed the no_grad/autocast-cache interaction (pytorch PR#165068)
+_FIXED_IN = (2, 11)
 
 
 @dataclass
@@ -37,8 +37,8 @@ class NoGradInsideAutocastReuse(Rule):
     severity = Severity.ERROR
     message = ("`{m}` runs under `torch.no_grad()` and then again with gradients in the same autocast "
                "region: the autocast weight cache gives the second pass the low-precision weights cast "
-               "without autograd history, so those weights get no gradient (pytorch#105211, fixed only in "
-               "recent torch releases). Leave the autocast region before the `no_grad()` block, or pass "
+               "without autograd history, so those weights get no gradient (pytorch#105211, fixed in torch "
+               "2.11). Leave the autocast region before the `no_grad()` block, or pass "
                "`cache_enabled=False` to autocast.")
     fix_availability = None
     words = (b"no_grad", b"set_grad_enabled")

@@ -47,9 +47,9 @@ class DeprecatedDeviceAmp(Rule):
     code = "AMP501"
     name = "deprecated-device-amp"
     severity = Severity.INFO
-    message = ("`{old}` is deprecated since torch 2.4 and warns on every use. Use `{new}`{extra}.")
-    import_message = ("`{old}` imports the device-specific AMP API, deprecated since torch 2.4 (each use "
-                      "warns). Use {new} instead.")
+    message = ("`{old}` is deprecated since torch 2.4 (it emits a FutureWarning). Use `{new}`{extra}.")
+    import_message = ("`{old}` imports the device-specific AMP API, deprecated since torch 2.4 (its uses "
+                      "emit a FutureWarning). Use {new} instead.")
     fix_title = "Use `torch.amp` with an explicit device"
     fix_availability = "safe"
     words = (b"cuda.amp", b"cpu.amp", b"import amp")
@@ -77,7 +77,7 @@ class DeprecatedDeviceAmp(Rule):
             self.ctx.names.qualified(grand.func) in ("functools.partial", "partial")
         if not (is_call or is_decorator or is_partial):
             return  # a reference (a lookup table, isinstance, an annotation) does not warn
-        if h.in_compat_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
+        if u.in_version_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
             return
         kind, dev = _DEPRECATED[q]
         torch_name, imports = u.torch_local(self.ctx.names)
@@ -101,7 +101,7 @@ class DeprecatedDeviceAmp(Rule):
         if node.relative or isinstance(node.names, cst.ImportStar):
             return
         module = dotted_name(node.module)
-        if module not in _MODULES or h.in_compat_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
+        if module not in _MODULES or u.in_version_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
             return
         found = []
         for alias in node.names:

@@ -45,7 +45,7 @@ class DeprecatedAutocastGetter(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         q = self.ctx.names.qualified(node.func)
         old = _QUALIFIED.get(q or "")
-        if old is None or h.in_compat_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
+        if old is None or u.in_version_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
             return
         new, dev = _DEPRECATED[old]
         rest = ", ..." if old.startswith("set_") else ""
