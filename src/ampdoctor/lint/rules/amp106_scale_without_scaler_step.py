@@ -14,7 +14,7 @@ class ScaleWithoutScalerStep(ScalerFlow):
     message = ("`{o}.step()` follows `{s}.scale(...).backward()` without `{s}.step()`: the update uses "
                "gradients still multiplied by the loss scale and inf/NaN steps are not skipped. Call "
                "`{s}.step({o})` and then `{s}.update()` instead.")
-    fix_title = "Replace with `{s}.step({o})` followed by `{s}.update()`"
+    fix_title = "Replace `optimizer.step()` with `scaler.step(optimizer)` followed by `scaler.update()`"
     fix_availability = "suggestion"
     words = (b"caler.scale(", b"GradScaler")
     summary = "`GradScaler.scale(loss).backward()` followed by a plain `optimizer.step()`."
