@@ -348,7 +348,8 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
             path=path, line=rng.start.line, column=rng.start.column + 1, code=rep.rule.code,
             end_line=rng.end.line, end_column=rng.end.column + 1, name=info.name,
             severity=info.severity, message=rep.message,
-            fix_title=(rep.fix.title or rep.rule.fix_title) if rep.fix else None, fix=fix,
+            fix_title=(rep.fix.title or rep.rule.fix_title) if rep.fix else
+            (rep.rule.fix_title if rep.rule.fix_availability == "suggestion" else None), fix=fix,
         )
         diagnostics.append(diag)
         if rep.fix is not None:

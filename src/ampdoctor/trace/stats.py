@@ -114,11 +114,28 @@ def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]
     x = t.detach()
     n = x.numel()
     mm = torch.stack(torch.aminmax(x))
-    flat = x.reshape(-1)
-    if n > SAMPLE:
-        flat = flat[:: -(-n // SAMPLE)].contiguous()
+    if n <= SAMPLE:
+        flat = x.reshape(-1)
+    elif x.is_contiguous():
+        flat = x.view(-1)[:: -(-n // SAMPLE)].contiguous()
+    else:  # gather the sample only: reshape(-1) would copy the whole tensor
+        flat = torch.take(x, _sample_index(n, x.device))
     idx = torch.bucketize(flat, bounds_for(x.device))
     return mm, _count(idx), n, flat.numel()
+
+
+_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _sample_index(n: int, device: torch.device) -> torch.Tensor:
+    """Evenly strided flat indices of at most SAMPLE elements (cached per size and device)."""
+    key = (n, device)
+    idx = _INDEX.get(key)
+    if idx is None:
+        if len(_INDEX) > 256:
+            _INDEX.clear()
+        idx = _INDEX[key] = torch.arange(0, n, -(-n // SAMPLE), device=device)
+    return idx
 
 
 def _count(idx: torch.Tensor) -> torch.Tensor:
