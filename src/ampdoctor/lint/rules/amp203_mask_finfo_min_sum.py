@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import mask_util as mu
+from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.rule import Rule
+
+# results that cannot carry finfo.min on: booleans, bounded values, sizes
+_STOP_METHODS = {"eq", "ne", "lt", "le", "gt", "ge", "bool", "isinf", "isneginf", "isposinf", "isnan", "isfinite",
+                 "all", "any", "clamp", "clamp_", "clamp_min", "clamp_min_", "clip", "clip_", "maximum", "fmax",
+                 "size", "dim", "numel", "argmax", "argmin", "logical_not", "logical_and", "logical_or", "long",
+                 "int", "nonzero", "count_nonzero", "exp", "sigmoid", "softmax", "log_softmax"}
+_VALUE_METHODS = {"masked_fill", "masked_fill_", "fill_", "new_full", "where", "index_fill", "index_fill_",
+                  "masked_scatter", "masked_scatter_", "full_like"}
+_CLAMPS = {"clamp", "clamp_", "clamp_min", "clamp_min_", "clip", "clip_", "maximum", "fmax", "max"}
+_META = {"shape", "dtype", "device", "ndim"}
+
+
+class MaskFinfoMinSum(Rule):
+    """Adding two additive masks that each hold ``torch.finfo(dtype).min``."""
+
+    code = "AMP203"
+    name = "mask-finfo-min-sum"
+    severity = Severity.WARNING
+    message = ("Both sides of this `+` can hold `torch.finfo(...).min`: where both masks apply the sum "
+               "overflows to -inf, which can turn a fully masked row into NaN after the softmax. Combine the "
+               "boolean masks first and fill once, or clamp the sum with `.clamp(min=torch.finfo(dtype).min)`.")
+    fix_availability = "suggestion"
+    words = (b"finfo",)
+    summary = "Two additive masks built from `torch.finfo(dtype).min` added together: the sum overflows to -inf."
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        names = self.ctx.names
+        flow = None
+        for n in h.walk(node.body):
+            if mu.is_finfo_min(names, n):
+                flow = mu.FunctionFlow.of(node)
+                break
+        if flow is None:
+            return
+        holds: dict[int, bool] = {}  # id(binding) -> whether its value can hold finfo.min
+
+        def binding_holds(name: str, at: int) -> bool:
+            b = flow.binding_at(name, at)
+            if b is None:
+                return False
+            key = id(b)
+            if key not in holds:
+                holds[key] = False  # cycles (loops) end here
+                value = b.value is not None and self._holds(b.value, flow, b.start, binding_holds)
+                if b.aug:
+                    value = value or binding_holds(b.name, b.start)
+                holds[key] = value
+            return holds[key]
+
+        for n in flow.nodes:
+            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add):
+                at = flow.pos(n)
+                if self._holds(n.left, flow, at, binding_holds) and self._holds(n.right, flow, at, binding_holds) \
+                        and not self._clamped(n, flow):
+                    self.report(n)
+            elif isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign):
+                at = flow.pos(n)
+                if self._holds(n.target, flow, at, binding_holds) and self._holds(n.value, flow, at, binding_holds) \
+                        and not self._clamped(n, flow):
+                    self.report(n)
+
+    def _holds(self, expr: cst.CSTNode, flow: mu.FunctionFlow, at: int, binding_holds) -> bool:
+        names = self.ctx.names
+        if mu.is_finfo_min(names, expr):
+            return True
+        if isinstance(expr, (cst.Comparison, cst.BooleanOperation)):
+            return False
+        if isinstance(expr, cst.UnaryOperation):
+            if isinstance(expr.operator, (cst.Not, cst.BitInvert, cst.Minus)):
+                return False  # booleans, and -min is +max
+            return self._holds(expr.expression, flow, at, binding_holds)
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            if isinstance(expr, cst.Attribute) and expr.attr.value in _META:
+                return False
+            d = dotted_name(expr)
+            if d is not None:
+                return binding_holds(d, at)
+            return self._holds(expr.value, flow, at, binding_holds) if isinstance(expr, cst.Attribute) else False
+        if isinstance(expr, cst.Call):
+            func = expr.func
+            last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+                else ""
+            if last in _STOP_METHODS:
+                return False
+            q = names.qualified(func) or ""
+            if q.startswith("torch.") and not q.startswith(("torch.nn.", "torch.finfo")):
+                # torch.full(shape, min), torch.where(m, 0, min), torch.triu(mask), torch.cat(...)
+                return any(self._holds(a.value, flow, at, binding_holds) for a in expr.args)
+            if isinstance(func, cst.Attribute) and self._tensor_receiver(func.value, flow):
+                # a tensor method: values flow from the receiver, and from the fill value of
+                # `masked_fill`/`new_full`/`fill_`
+                if self._holds(func.value, flow, at, binding_holds):
+                    return True
+                if last in _VALUE_METHODS:
+                    return any(self._holds(a.value, flow, at, binding_holds) for a in expr.args)
+            return False  # any other callable: a module, a loss, a helper
+        if isinstance(expr, cst.BinaryOperation):
+            if isinstance(expr.operator, (cst.BitAnd, cst.BitOr, cst.BitXor, cst.FloorDivide, cst.Modulo)):
+                return False
+            return self._holds(expr.left, flow, at, binding_holds) or self._holds(expr.right, flow, at, binding_holds)
+        if isinstance(expr, cst.Subscript):
+            return self._holds(expr.value, flow, at, binding_holds)
+        if isinstance(expr, cst.IfExp):
+            return self._holds(expr.body, flow, at, binding_holds) or self._holds(expr.orelse, flow, at, binding_holds)
+        return False
+
+    @staticmethod
+    def _tensor_receiver(recv: cst.BaseExpression, flow: mu.FunctionFlow) -> bool:
+        """Not `self.helper(...)`, a module function or a global helper: a local value, an
+        attribute of one (`self.mask`), a subscript or a call result."""
+        if isinstance(recv, cst.Name):
+            return recv.value != "self" and (recv.value in flow.params or any(b.name == recv.value for b in flow.bindings))
+        if isinstance(recv, cst.Attribute):
+            base = recv
+            while isinstance(base, cst.Attribute):
+                base = base.value
+            if isinstance(base, cst.Name):
+                return base.value == "self" or base.value in flow.params or \
+                    any(b.name == base.value for b in flow.bindings)
+        return True
+
+    def _clamped(self, node: cst.CSTNode, flow: mu.FunctionFlow) -> bool:
+        """The sum is clamped back into range: inside a clamp call, or its target is clamped later."""
+        target = None
+        for p in flow.ancestors(node):
+            if isinstance(p, cst.Call):
+                f = p.func
+                last = f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else ""
+                if last in _CLAMPS:
+                    return True
+            if isinstance(p, cst.Assign) and len(p.targets) == 1:
+                target = dotted_name(p.targets[0].target)
+            if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                break
+        if isinstance(node, cst.AugAssign):
+            target = dotted_name(node.target)
+        if target is None:
+            return False
+        after = flow.end.get(id(node), flow.pos(node))
+        for n in flow.nodes[after + 1:]:
+            if isinstance(n, cst.Call):
+                f = n.func
+                last = f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else ""
+                if last in _CLAMPS and target in mu.expr_names(n):
+                    return True
+        return False
