@@ -335,3 +335,55 @@ def test_memory_is_flat_over_many_steps():
         pending = len(t._pending)
     assert pending == 0 and t.steps == 300
     assert len(t.modules) == 2  # fixed-size aggregates, not per-step history
+
+
+def test_dataclass_dict_subclass_complex_int_and_meta_outputs():
+    from collections import OrderedDict
+
+    class ModelOutputLike(OrderedDict):
+        pass
+
+    class Many(nn.Module):
+        def forward(self, x):
+            return Out(x * 2, {"c": torch.complex(x, x), "i": x.long(), "meta": torch.empty(3, device="meta"),
+                               "nested": ModelOutputLike(h=x + 70000.0)})
+
+    with Tracer(target="float16") as t:
+        Many()(torch.ones(2, 3))
+    row = next(r for r in t.report()["modules"] if r["module"] == "(Many)")
+    assert row["absmax"] == 70001.0  # found inside the dataclass -> dict -> OrderedDict subclass
+    assert row["dtype"] == "float32"
+
+
+def test_compiled_module_is_traced_or_reported():
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    compiled = torch.compile(m, backend="eager")
+    with Tracer() as t:
+        out = compiled(torch.randn(2, 4))
+    rep = t.report()
+    assert torch.isfinite(out).all()
+    traced = {r["module"] for r in rep["modules"]}
+    # the wrapper runs eagerly and is measured; what dynamo traced inside is named as not traced
+    assert traced and (rep["not_traced"] or {"0", "1"} <= {n.split(".")[-1] for n in traced})
+
+
+def test_memory_is_flat_over_1000_steps():
+    import resource
+
+    m = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(8, 32)
+
+    def steps(n):
+        for _ in range(n):
+            m(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    with Tracer() as t:
+        steps(200)
+        rss_200 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        steps(800)
+        rss_1000 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert t.steps == 1000 and t.transfers == 1000
+    assert rss_1000 - rss_200 < 20 * 1024  # KiB: no per-step growth

@@ -63,6 +63,9 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
                           _num(r["min_nonzero"]), _num(r["headroom_bits"]), str(sum(r["nonfinite"].values())),
                           f"{r['overflow_fraction']:.1%}", f"{r['underflow_fraction']:.1%}", str(r["calls"]))
         console.print(table)
+    if report.get("not_traced"):
+        console.print(f"not traced (ran inside torch.compile): {escape(', '.join(report['not_traced']))}",
+                      highlight=False)
     scaler = report.get("scaler")
     if scaler:
         console.print(f"GradScaler: scale {_num(scaler['initial_scale'])} → {_num(scaler['final_scale'])}, "

@@ -192,4 +192,5 @@ def build_report(tracer) -> dict:
         "op_origin": tracer.op_origin,
         "modules": rows,
         "scaler": _scaler_section(tracer),
+        "not_traced": sorted(tracer.not_traced),
     }

@@ -23,8 +23,9 @@ _FILLS = {"masked_fill", "masked_fill_", "fill", "fill_", "full", "full_like", "
 
 
 def _tensors(tree) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()
-            and t.numel() > 0 and t.device.type != "meta"]
+    from ampdoctor.trace.tracer import tensors_in
+
+    return [t for t in tensors_in(tree) if t.is_floating_point() and t.numel() > 0 and t.device.type != "meta"]
 
 
 def _state(ts: list[torch.Tensor]) -> tuple[bool, bool]:

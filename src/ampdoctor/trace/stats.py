@@ -116,6 +116,8 @@ def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]
     mm = torch.stack(torch.aminmax(x))
     if n <= SAMPLE:
         flat = x.reshape(-1)
+        if not flat.is_contiguous():  # an expanded tensor (stride 0), e.g. the gradient of a sum
+            flat = flat.contiguous()
     elif x.is_contiguous():
         flat = x.view(-1)[:: -(-n // SAMPLE)].contiguous()
     else:  # gather the sample only: reshape(-1) would copy the whole tensor

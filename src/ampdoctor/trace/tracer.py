@@ -13,10 +13,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
+import dataclasses
 
 from ampdoctor.trace import stats as st
 from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
+
+
+def tensors_in(obj, depth: int = 0) -> list:
+    """Every tensor in a module's inputs or outputs: tuples, lists, dicts (``ModelOutput`` too),
+    dataclasses and namedtuples, to a bounded depth; anything else is skipped."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 6 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return []
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_in(v, depth + 1)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors_in(v, depth + 1)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in tensors_in(getattr(obj, f.name, None), depth + 1)]
+    return []
+
+
+def _compiling() -> bool:
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover - older torch
+        return False
 
 
 class StopTracing(BaseException):
@@ -181,6 +204,7 @@ class Tracer:
         self.op_origin: dict | None = None
         self.parents: dict[str, tuple[str, ...]] = {}
         self.scaler_meta: dict | None = None
+        self.not_traced: set[str] = set()  # classes of modules that ran inside torch.compile
         self.dtypes_seen: set[str] = set()
         self.transfers = 0
         self._names: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, str]]" = weakref.WeakKeyDictionary()
@@ -259,8 +283,11 @@ class Tracer:
     def _pre_hook(self, module, args):
         if not self._active or self._in_backward():
             return None
+        if _compiling():  # inside torch.compile: reported as not traced, never baked into a graph
+            self.not_traced.add(type(module).__name__)
+            return None
         name, cls = self._name(module)
-        refs = [self._measure(t, name, cls, "input") for t in pytree.tree_leaves(args) if st.measurable(t)]
+        refs = [self._measure(t, name, cls, "input") for t in tensors_in(args) if st.measurable(t)]
         self._stack.append(refs)
         if self._replayer is not None:
             self._replayer.before(module, args)
@@ -281,14 +308,14 @@ class Tracer:
         return idx
 
     def _post_hook(self, module, args, kwargs, output=None):  # no output when forward raised
-        if not self._active or self._in_backward() or not self._stack:
+        if not self._active or self._in_backward() or not self._stack or _compiling():
             return None
         inputs = self._stack.pop()
         name, cls = self._name(module)
         call = len(self._calls)
         outs = []
         grad_on = self.grads and torch.is_grad_enabled()
-        for t in pytree.tree_leaves(output):
+        for t in tensors_in(output):
             if not st.measurable(t):
                 continue
             fresh = id(t) not in self._seen or self._seen[id(t)][0]() is not t
