@@ -48,7 +48,7 @@ class CheckpointMissingScaler(Rule):
                "restarts the loss scale at its initial value and skips steps until it backs off again. "
                "Add `\"scaler\": {s}.state_dict()` and restore it with `{s}.load_state_dict(...)`.")
     fix_availability = "suggestion"
-    words = (b"GradScaler", b"scaler")
+    words = (b"scaler", b"Scaler")
     summary = "`torch.save` of a training checkpoint with the optimizer state but no GradScaler state."
 
     def __init__(self, ctx) -> None:

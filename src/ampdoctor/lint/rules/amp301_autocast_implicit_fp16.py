@@ -20,6 +20,7 @@ _KEYWORDS = {"dtype", "precision", "mixed_precision", "amp_dtype", "autocast_dty
 _TENSOR_CALLS = re.compile(r"^(to|type|view|astype|cast|tensor|as_tensor|zeros|ones|empty|full|rand\w*|arange|"
                            r"linspace|logspace|eye|new_\w+|\w+_like|from_numpy|from_pretrained|load|"
                            r"set_default_dtype|autocast|get_autocast_dtype|finfo|iinfo)$")
+_CONFIG_CLASS = re.compile(r"(Config|Args|Arguments|Settings|Params|Options|Hparams|HParams|Cfg)$")
 _SET_AUTOCAST_DTYPE = {"torch.set_autocast_gpu_dtype", "torch.set_autocast_dtype", "torch.set_autocast_xpu_dtype"}
 
 
@@ -52,9 +53,17 @@ class AutocastImplicitFp16(Rule):
     # -- where ------------------------------------------------------------------------
 
     def _placement(self) -> int | None:
-        """None for module level or a class body (file-wide), else the id of the module-level
-        statement (a def, or a class holding a method) that holds the current node."""
-        if any(isinstance(p, (cst.FunctionDef, cst.Lambda)) for p in self.ctx.ancestors()):
+        """None for module level or the body of a configuration class (file-wide), else the id
+        of the module-level statement (a def, a class) that holds the current node."""
+        local = False
+        for p in self.ctx.ancestors():
+            if isinstance(p, (cst.FunctionDef, cst.Lambda)):
+                local = True
+            elif isinstance(p, cst.ClassDef) and not _CONFIG_CLASS.search(p.name.value) and not any(
+                    "dataclass" in (dotted_name(d.decorator) or dotted_name(getattr(d.decorator, "func", None)) or "")
+                    for d in p.decorators):
+                local = True
+        if local:
             top = u.top_level_statement(self.ctx)
             return id(top) if top is not None else None
         return None
