@@ -387,3 +387,27 @@ def test_memory_is_flat_over_1000_steps():
         rss_1000 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert t.steps == 1000 and t.transfers == 1000
     assert rss_1000 - rss_200 < 20 * 1024  # KiB: no per-step growth
+
+
+def test_script_with_dataloader_worker_processes(tmp_path):
+    (tmp_path / "loader.py").write_text(textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Squares(Dataset):
+            def __len__(self):
+                return 16
+            def __getitem__(self, i):
+                return torch.full((4,), float(i))
+
+        if __name__ == "__main__":
+            model = torch.nn.Linear(4, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+            for batch in DataLoader(Squares(), batch_size=4, num_workers=2):
+                model(batch).mean().backward()
+                opt.step()
+                opt.zero_grad()
+    """))
+    r = CliRunner().invoke(main, ["trace", "--format", "json", str(tmp_path / "loader.py")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["steps"] == 4
