@@ -127,6 +127,8 @@ def _values(names: Names, node: cst.CSTNode, positive: list) -> set[bool]:
     are true because the run is bf16."""
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
         return {not v for v in _values(names, node.expression, [])}
+    if isinstance(node, cst.IfExp):  # `dtype in (fp16, bf16) if use_amp else False`
+        return _values(names, node.body, positive) | _values(names, node.orelse, positive)
     if isinstance(node, cst.BooleanOperation):
         left = _values(names, node.left, positive)
         right = _values(names, node.right, positive)
@@ -198,8 +200,6 @@ def fp16_only_rewrite(names: Names, expr: cst.BaseExpression) -> cst.BaseExpress
     comparator = expr.comparisons[0].comparator
     els = [el for el, _ in keep]
     els[-1] = els[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    if isinstance(comparator, cst.Tuple) and len(els) == 1:
-        els[-1] = els[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace("")))
     new_coll = comparator.with_changes(elements=els)
     return expr.with_changes(comparisons=[expr.comparisons[0].with_changes(comparator=new_coll)])
 
@@ -341,12 +341,9 @@ def chains(node: cst.CSTNode) -> set[str]:
 
 
 def depends_on(expr: cst.CSTNode, bound: set[str]) -> bool:
-    used = chains(expr)
-    for b in bound:
-        if b in used:
-            return True
-        # `self.cfg` bound, `self.cfg.amp` used: covered by prefixes; `self` bound: too
-    return False
+    """Whether ``expr`` reads a bound name (``self.cfg`` bound and ``self.cfg.amp`` read counts,
+    since ``chains`` holds every prefix)."""
+    return bool(chains(expr) & bound)
 
 
 # -- which autocast blocks feed a backward pass -------------------------------------------
