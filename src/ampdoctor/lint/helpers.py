@@ -271,6 +271,9 @@ def enclosing_autocasts(ctx: Context) -> list[Autocast]:
                 ac = autocast_call(ctx.names, d.decorator)
                 if ac is not None:
                     out.append(ac)
+            break  # a def body runs when called, not where it is written
+        elif isinstance(p, (cst.ClassDef, cst.Lambda)):
+            break
     return out
 
 

@@ -83,14 +83,21 @@ class Names:
                 if d is None:
                     continue
                 self.assigned.pop(d, None)
-                if q is not None and isinstance(t, cst.Name) and q != d and "." in q:
-                    self.aliases[t.value] = q
+                if isinstance(t, cst.Name):
+                    if q is not None and q != d and "." in q:
+                        self.aliases[t.value] = q
+                    else:  # rebound to something else: the old alias no longer holds
+                        self.aliases.pop(t.value, None)
+                        self.partials.pop(t.value, None)
             return
         callee = self.qualified(value.func)
         for t in targets:
             d = dotted_name(t)
             if d is None:
                 continue
+            if isinstance(t, cst.Name):
+                self.aliases.pop(t.value, None)
+                self.partials.pop(t.value, None)
             if callee in _PARTIALS and value.args:
                 inner = self.qualified(value.args[0].value)
                 if inner and isinstance(t, cst.Name):
