@@ -107,3 +107,23 @@ def test_readme_setup_commands_and_ci_agree():
     assert "pip install -e '.[test]' && python -m pytest -q" in text
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python -m pytest -q" in ci and "torch==2.13.0" in ci
+
+
+def test_rule_catalog_is_current():
+    from ampdoctor.lint import registry
+
+    current = (ROOT / "src" / "ampdoctor" / "lint" / "catalog.py").read_text()
+    assert current == registry.catalog_source(), "run: python -m ampdoctor.lint.registry"
+
+
+def test_a_fully_cached_run_never_imports_libcst(tmp_path):
+    src = (FIXTURES / "lint" / "seed_loop_wrong.py").read_text()
+    (tmp_path / "a.py").write_text(src)
+    cmd = [sys.executable, "-m", "ampdoctor", "lint", "--format", "concise", "a.py"]
+    first = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    probe = ("import runpy, sys\nsys.argv = ['ampdoctor', 'lint', '--format', 'concise', 'a.py']\n"
+             "try:\n    runpy.run_module('ampdoctor', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    code = e.code\nprint('LIBCST' if 'libcst' in sys.modules else 'NO-LIBCST', code)\n")
+    second = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert second.stdout.splitlines()[-1] == "NO-LIBCST 1"
+    assert first.stdout in second.stdout

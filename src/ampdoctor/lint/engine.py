@@ -27,33 +27,12 @@ from ampdoctor.lint.registry import (
     all_infos,
     rule_classes,
 )
+from ampdoctor.lint.result import FileResult, Settings
+from ampdoctor.lint.result import diag_at as _diag_at
 from ampdoctor.lint.rule import Context, FixSpec, Report, Rule
 
 MAX_FIX_ROUNDS = 10
 _SCOPE_NAMES = frozenset({"FunctionDef", "ClassDef", "Lambda"})
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Per-file settings: which codes run and what to do with fixes."""
-
-    enabled: frozenset[str]
-    min_torch: tuple[int, ...] | None = None
-    fix: str | None = None  # None, "safe" or "unsafe": apply fixes of that safety and below
-    want_edits: bool = True  # compute the text edits of each available fix
-
-
-@dataclass
-class FileResult:
-    path: str
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    fixed: bytes | None = None  # new file content when fixes were applied
-    fixes_applied: int = 0
-    skipped: bool = False  # the pre-filter found nothing to look at
-
-    @property
-    def internal_error(self) -> bool:
-        return any(d.code == INTERNAL_ERROR.code for d in self.diagnostics)
 
 
 # -- rule selection -------------------------------------------------------------
@@ -194,14 +173,6 @@ def decode(data: bytes) -> tuple[str, str]:
     return data.decode(encoding), encoding
 
 
-def _diag_at(path: str, info, line: int, column: int, message: str,
-             end_line: int | None = None, end_column: int | None = None) -> Diagnostic:
-    return Diagnostic(
-        path=path, line=line, column=column, code=info.code,
-        end_line=end_line if end_line is not None else line,
-        end_column=end_column if end_column is not None else column,
-        name=info.name, severity=info.severity, message=message,
-    )
 
 
 # -- fixes --------------------------------------------------------------------------

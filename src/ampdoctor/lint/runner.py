@@ -18,8 +18,8 @@ from ampdoctor.config import Config
 from ampdoctor.diagnostics import Diagnostic
 from ampdoctor.lint import cache as cache_mod
 from ampdoctor.lint.discovery import Target
-from ampdoctor.lint.engine import FileResult, Settings, _diag_at, lint_bytes
 from ampdoctor.lint.registry import READ_ERROR, resolve_selection
+from ampdoctor.lint.result import FileResult, Settings, diag_at
 
 # below this many files to parse, starting worker processes costs more than it saves
 POOL_MIN_FILES = 24
@@ -117,10 +117,12 @@ def _read(path: Path) -> bytes | str:
 
 
 def _work(item: tuple[str, str, Settings]) -> FileResult:
+    from ampdoctor.lint.engine import lint_bytes  # libcst is imported only when there is parsing to do
+
     display, path, settings = item
     data = _read(Path(path))
     if isinstance(data, str):
-        return FileResult(display, [_diag_at(display, READ_ERROR, 1, 1, f"cannot read the file: {data}")])
+        return FileResult(display, [diag_at(display, READ_ERROR, 1, 1, f"cannot read the file: {data}")])
     return lint_bytes(display, data, settings)
 
 
@@ -192,7 +194,7 @@ def run(
             try:
                 write_atomic(t.path, r.fixed)
             except OSError as exc:
-                r.diagnostics.append(_diag_at(r.path, READ_ERROR, 1, 1, f"cannot write the fixed file: {exc.strerror}"))
+                r.diagnostics.append(diag_at(r.path, READ_ERROR, 1, 1, f"cannot write the fixed file: {exc.strerror}"))
                 r.fixes_applied = 0
         if cache is not None and r.path in keys and r.fixed is None and not r.internal_error:
             cache.put(str(t.path), keys[r.path], [d.to_dict() for d in r.diagnostics])
@@ -235,5 +237,7 @@ def _size(path: str) -> int:
 
 
 def lint_stdin(display: str, data: bytes, settings: Settings) -> RunResult:
+    from ampdoctor.lint.engine import lint_bytes
+
     r = lint_bytes(display, data, settings)
     return RunResult([r], files=1)
