@@ -225,6 +225,9 @@ class AutocastDeviceMismatch(Rule):
             return
         if s not in _PLACEMENT:
             return
+        ac = h.autocast_call(self.ctx.names, node)
+        if ac is not None and ac.enabled is False:
+            return  # `autocast("cpu", enabled=False)` around CUDA code only switches it off
         here = h.branch_path(self.ctx)
         ev = [d for d, b in self.scopes[-1].evidence if not h.exclusive(b, here)]
         if not ev or None in ev:
