@@ -38,7 +38,7 @@ class AutocastDisabledNoCast(Rule):
                "`autocast(enabled=False)` without a cast: the op runs in {dtype}, or raises on a dtype "
                "mismatch with float32 weights. Cast it first: `{name}.float()`.")
     fix_availability = "suggestion"
-    words = (b"enabled=False", b"enabled = False")
+    words = (b"enabled=False", b"enabled = False", b"autocast(False")
     summary = "Tensors from an autocast region used in a nested `autocast(enabled=False)` without a cast."
 
     def visit_With(self, node: cst.With) -> None:
