@@ -9,7 +9,7 @@ from typing import Iterator
 import libcst as cst
 
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.names import Names
 from ampdoctor.lint.rule import Context
 
 # torch.autocast(device_type, dtype, enabled, cache_enabled) and the device-specific
@@ -146,10 +146,6 @@ def module_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
     for n in h.walk(node):
         if isinstance(n, cst.Call):
             yield n
-
-
-def is_name_chain(expr: cst.CSTNode) -> bool:
-    return dotted_name(expr) is not None
 
 
 def in_fallback(ctx: Context, uses_new_api) -> bool:

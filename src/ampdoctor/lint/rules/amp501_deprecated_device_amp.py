@@ -4,7 +4,6 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
-from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
 

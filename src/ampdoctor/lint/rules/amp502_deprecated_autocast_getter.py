@@ -4,7 +4,6 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
-from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # torch.<old>(args) -> torch.<new>("<device>", args); each of these warns
