@@ -376,3 +376,49 @@ def is_upcast(names: Names, node: cst.CSTNode) -> bool:
 
 def contains_upcast(names: Names, node: cst.CSTNode) -> bool:
     return is_upcast(names, node) or any(is_upcast(names, n) for n in h.walk(node, enter_scopes=True))
+
+
+# -- softmax and matmul ---------------------------------------------------------------------
+
+_SOFTMAX_FUNCS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.log_softmax",
+                  "torch.nn.functional.log_softmax", "torch.special.log_softmax"}
+_SOFTMAX_MODULES = {"torch.nn.Softmax", "torch.nn.LogSoftmax", "torch.nn.modules.activation.Softmax",
+                    "torch.nn.modules.activation.LogSoftmax"}
+_MATMUL_FUNCS = {"torch.matmul", "torch.bmm", "torch.mm", "torch.einsum", "torch.baddbmm", "torch.functional.einsum"}
+
+
+def softmax_input(names: Names, node: cst.CSTNode) -> cst.BaseExpression | None:
+    """The tensor a softmax call normalises: ``torch.softmax(x, ...)``, ``F.softmax(x)``,
+    ``x.softmax(dim)``, ``self.softmax(x)`` for an ``nn.Softmax`` module, and ``log_softmax``."""
+    if not isinstance(node, cst.Call):
+        return None
+    q = names.qualified(node.func)
+    if q in _SOFTMAX_FUNCS:
+        return h.arg(node, 0, "input")
+    if names.made_by(node.func) in _SOFTMAX_MODULES:
+        return h.arg(node, 0, "input")
+    mc = h.method_call(node, "softmax", "log_softmax")
+    if mc is not None and dotted_name(mc[0]) != "self":
+        return mc[0]
+    return None
+
+
+def matmul_operands(names: Names, node: cst.CSTNode) -> list[cst.BaseExpression] | None:
+    """The tensor operands of ``a @ b``, ``torch.matmul/bmm/mm/baddbmm(...)``, ``torch.einsum(eq, a, b)``
+    and ``a.matmul(b)``/``a.bmm(b)``; None for anything else."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+        return [node.left, node.right]
+    if not isinstance(node, cst.Call):
+        return None
+    q = names.qualified(node.func)
+    if q in _MATMUL_FUNCS:
+        args = [a.value for a in node.args if a.keyword is None and not a.star]
+        if q.endswith("einsum"):
+            return args[1:] if len(args) >= 3 else None
+        if q.endswith("baddbmm"):
+            return args[1:3] if len(args) >= 3 else None
+        return args if len(args) >= 2 else None
+    mc = h.method_call(node, "matmul", "bmm", "mm")
+    if mc is not None and len(node.args) == 1 and q not in _MATMUL_FUNCS:
+        return [mc[0], node.args[0].value]
+    return None

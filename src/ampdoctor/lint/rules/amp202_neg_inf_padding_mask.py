@@ -119,20 +119,7 @@ class NegInfPaddingMask(Rule):
 
     # -- data flow ---------------------------------------------------------------------
     def _softmax_input(self, n: cst.CSTNode) -> cst.BaseExpression | None:
-        if not isinstance(n, cst.Call):
-            return None
-        names = self.ctx.names
-        q = names.qualified(n.func)
-        if q in ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.log_softmax",
-                 "torch.nn.functional.log_softmax", "torch.special.log_softmax"):
-            return h.arg(n, 0, "input")
-        made = names.made_by(n.func)
-        if made in ("torch.nn.Softmax", "torch.nn.LogSoftmax", "torch.nn.modules.activation.Softmax"):
-            return h.arg(n, 0, "input")
-        mc = h.method_call(n, "softmax", "log_softmax")
-        if mc is not None and dotted_name(mc[0]) != "self":
-            return mc[0]  # `scores.softmax(dim=-1)`
-        return None
+        return mu.softmax_input(self.ctx.names, n)
 
     def _reaches_softmax(self, f: _Fill, flow: mu.FunctionFlow, softmaxes) -> cst.CSTNode | None:
         at = flow.pos(f.call)

@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import mask_util as mu
+from ampdoctor.lint.rule import Rule
+
+_CODE = cst.Module([])
+_FUSED = {"flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "memory_efficient_attention",
+          "flex_attention"}
+
+
+@dataclass
+class _Softmax:
+    call: cst.Call
+    inp: cst.BaseExpression
+    autocast: h.Autocast | None  # the enabled autocast region around it, if any
+    disabled: bool  # inside `autocast(enabled=False)`
+
+
+@dataclass
+class _Finding:
+    sm: _Softmax
+    region: str | None  # source of the float16 autocast call around it, else None
+    device: str | None = None
+
+
+class Fp16AttentionSoftmax(Rule):
+    """Hand-written attention (``softmax(q @ kᵀ) @ v``) computed in float16 with no precision decision."""
+
+    code = "AMP209"
+    name = "fp16-attention-softmax"
+    severity = Severity.WARNING
+    message = ("Hand-written attention in a file that uses float16: the scores `q @ kᵀ` are materialised in "
+               "float16 with no float32 upcast, so large logits overflow to inf and the softmax row turns into "
+               "NaN. Use `F.scaled_dot_product_attention(q, k, v)`, whose fused kernels keep the logits in float32.")
+    region_message = ("`{region}` does not make this hand-written attention precise: it runs both matmuls in "
+                      "float16 ({softmax}), so `q @ kᵀ` can overflow to inf before the softmax. Use "
+                      "`F.scaled_dot_product_attention(q, k, v)`, or compute the scores in float32 with autocast "
+                      "disabled.")
+    fix_availability = "suggestion"
+    words = (b"softmax",)
+    summary = "Hand-written `softmax(q @ kᵀ) @ v` attention computed in float16 without a float32 upcast."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.softmaxes: dict[int, list[_Softmax]] = {}
+        self.findings: list[_Finding] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        inp = mu.softmax_input(self.ctx.names, node)
+        if inp is None:
+            return
+        fn = h.enclosing_scope(self.ctx)
+        if not isinstance(fn, cst.FunctionDef):
+            return
+        regions = h.enclosing_autocasts(self.ctx)
+        ac = regions[0] if regions and regions[0].enabled is not False else None
+        disabled = bool(regions) and regions[0].enabled is False
+        self.softmaxes.setdefault(id(fn), []).append(_Softmax(node, inp, ac, disabled))
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        sms = self.softmaxes.pop(id(node), None)
+        if not sms or self._precision_tested(node):
+            return
+        flow = mu.FunctionFlow.of(node)
+        for sm in sms:
+            if any(a.keyword is not None and a.keyword.value == "dtype" for a in sm.call.args):
+                continue  # softmax(..., dtype=torch.float32): a deliberate precision choice
+            chain = self._scores_chain(sm, flow)
+            if chain is None or any(mu.contains_upcast(self.ctx.names, e) for e in chain):
+                continue
+            if not self._feeds_matmul(sm, flow):
+                continue
+            ac = sm.autocast
+            if ac is not None:
+                dtype = ac.effective_dtype
+                if dtype is None and ac.dtype_expr is not None and \
+                        h.mentions_dtype(self.ctx.names, ac.dtype_expr, "float16"):
+                    dtype = "float16"
+                if dtype == "float16":
+                    self.findings.append(_Finding(sm, _CODE.code_for_node(ac.call).strip(), ac.device))
+                    continue
+                if dtype is not None:
+                    continue  # bfloat16 (float32's range) or float32
+            self.findings.append(_Finding(sm, None))
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if not self.findings or self._uses_sdpa(node):
+            return
+        evidence = None
+        for f in self.findings:
+            if f.region is not None:
+                text = f.region if len(f.region) <= 40 else f.region.split("(", 1)[0] + "(...)"
+                softmax = "and on CPU the softmax as well" if f.device == "cpu" else \
+                    "only the softmax is kept in float32 on CUDA"
+                self.report(f.sm.call, self.region_message.format(region=f"with {text}", softmax=softmax))
+                continue
+            if evidence is None:
+                evidence = mu.fp16_evidence(self.ctx.names, node) is not None
+            if evidence:
+                self.report(f.sm.call)
+
+    def _precision_tested(self, fn: cst.FunctionDef) -> bool:
+        """The function branches on the precision (`if x.dtype == torch.float16:`): its author
+        handled 16-bit inputs deliberately."""
+        for n in h.walk(fn.body):
+            if isinstance(n, (cst.If, cst.IfExp)):
+                test = n.test
+                if any(h.dtype_of(self.ctx.names, m) is not None for m in [test, *h.walk(test)]
+                       if isinstance(m, (cst.Attribute, cst.Name))):
+                    return True
+                if any(w in ("fp16", "half", "autocast") or "fp16" in w for w in h.names_in(test)):
+                    return True
+        return False
+
+    def _uses_sdpa(self, module: cst.Module) -> bool:
+        """The file calls a fused attention kernel: its hand-written attention is a deliberate
+        fallback or reference (timm's `fused_attn` switch, a pattern for a compiler pass)."""
+        for n in h.walk(module, enter_scopes=True):
+            if isinstance(n, cst.Call):
+                q = self.ctx.names.qualified(n.func) or ""
+                last = q.rsplit(".", 1)[-1]
+                if "scaled_dot_product" in last or last in _FUSED:
+                    return True
+        return False
+
+    # -- data flow -----------------------------------------------------------------------
+    def _scores_chain(self, sm: _Softmax, flow: mu.FunctionFlow) -> list[cst.CSTNode] | None:
+        """The expressions the softmax input is computed from, back to a matmul (``q @ kᵀ``) in
+        this function, with that matmul's operands and their bindings; None without a matmul."""
+        names = self.ctx.names
+        chain: list[cst.CSTNode] = []
+        found = False
+        seen: set[tuple[str, int]] = set()
+        todo = [(sm.inp, flow.pos(sm.call), 0)]
+        while todo:
+            expr, at, depth = todo.pop()
+            chain.append(expr)
+            for n in [expr, *h.walk(expr)]:
+                ops = mu.matmul_operands(names, n)
+                if ops is not None:
+                    found = True
+                    for op in ops:  # q and k: were they upcast before the matmul?
+                        for name in mu.expr_names(op):
+                            b = flow.binding_at(name, at)
+                            if b is not None and b.value is not None:
+                                chain.append(b.value)
+            if depth >= 5:
+                continue
+            for name in mu.expr_names(expr):
+                b = flow.binding_at(name, at)
+                if b is not None and b.value is not None and (name, b.start) not in seen:
+                    seen.add((name, b.start))
+                    todo.append((b.value, b.start, depth + 1))
+        return chain if found else None
+
+    def _feeds_matmul(self, sm: _Softmax, flow: mu.FunctionFlow) -> bool:
+        """The probabilities reach a matmul with the values: directly (``softmax(s) @ v``) or
+        through names bound in this function (dropout, reshapes)."""
+        names = self.ctx.names
+        tainted: set[str] = set()
+        start = flow.pos(sm.call)
+        for p in flow.ancestors(sm.call):
+            ops = mu.matmul_operands(names, p)
+            if ops is not None:
+                return True
+            if isinstance(p, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+                start = flow.end[id(p)]
+                tainted |= {b.name for b in flow.bindings if b.start == flow.pos(p)}
+                break
+            if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                break
+        if not tainted:
+            return False
+        for b in sorted(flow.bindings, key=lambda b: b.end):
+            if b.start > start and b.value is not None and tainted & mu.expr_names(b.value):
+                tainted.add(b.name)
+        for n in flow.nodes[start + 1:]:
+            ops = mu.matmul_operands(names, n)
+            if ops is not None and any(tainted & mu.expr_names(op) for op in ops):
+                return True
+        return False
