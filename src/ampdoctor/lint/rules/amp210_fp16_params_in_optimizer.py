@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.rule import Rule
+
+
+class Fp16ParamsInOptimizer(Rule):
+    """A model converted to float16 whose parameters an optimizer then trains (no master weights)."""
+
+    code = "AMP210"
+    name = "fp16-params-in-optimizer"
+    severity = Severity.ERROR
+    message = ("`{conv}` makes the parameters that `{opt}` trains float16, with no float32 master copy: "
+               "updates smaller than 1/2048 of a weight round away{scaler}. Keep the model in float32 and "
+               "run the forward pass under `torch.autocast` (with a GradScaler for float16).")
+    words = (b".half", b"float16")
+    summary = "Model converted with `.half()`/`.to(torch.float16)` and then trained by an optimizer."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.t = nu.Fp16ModelTracker(ctx)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.t.visit_Name(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.t.visit_Attribute(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.t.visit_Call(node)
+
+    def leave_Assign(self, node: cst.Assign) -> None:
+        self.t.leave_Assign(node)
+
+    def leave_Module(self, node: cst.Module) -> None:
+        done: set[int] = set()
+        for conv, opt, target in self.t.fp16_matches():
+            if id(conv.node) in done:
+                continue
+            done.add(id(conv.node))
+            scaler = " and GradScaler raises \"Attempting to unscale FP16 gradients\"" if self.t.scaler else ""
+            self.report(conv.node, self.message.format(conv=nu.short(conv.node, 40), opt=opt.qualified.rsplit(".", 1)[-1],
+                                                       scaler=scaler))
