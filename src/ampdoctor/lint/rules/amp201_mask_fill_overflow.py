@@ -19,6 +19,8 @@ _FACTORIES = {"torch.zeros", "torch.ones", "torch.full", "torch.empty", "torch.r
 _TENSOR_OF = {"torch.tensor", "torch.as_tensor", "torch.scalar_tensor"}
 _GUARD_WORDS = ("dtype", "fp16", "half", "float16", "float32", "autocast", "finfo", "precision")
 _CODE = cst.Module([])
+_INTEGER_SUFFIXES = ("ids", "idx", "index", "indices", "label", "labels", "tokens", "_pos", "positions", "count",
+                     "counts")
 
 
 @dataclass
@@ -95,7 +97,7 @@ class MaskFillOverflow(Rule):
             v = self._value(c.value, consts, flow, c.call)
             if v is None or v != v or abs(v) <= mu.FP16_MAX or v in (float("inf"), float("-inf")):
                 continue
-            if self._wide(c.recv, flow, c.call, 0):
+            if self._wide(c.recv, flow, c.call, 0) or self._integer_like(c.recv):
                 continue
             found.append((c, v))
         if not found or mu.fp16_evidence(names, node) is None:
@@ -117,6 +119,15 @@ class MaskFillOverflow(Rule):
         if flow is not None:
             consts = mu.local_constants(self.ctx.names, flow, consts, flow.pos(call), _GUARD_WORDS)
         return mu.const_value(self.ctx.names, value, consts)
+
+    @staticmethod
+    def _integer_like(expr) -> bool:
+        """`input_ids`, `labels`, `positions`...: integer tensors hold 1e9 fine."""
+        d = dotted_name(expr)
+        if d is None:
+            return False
+        last = d.rsplit(".", 1)[-1].lower()
+        return last.endswith(_INTEGER_SUFFIXES) or last in ("idx", "index", "indices", "positions", "pos")
 
     def _wide(self, expr, flow, at, depth: int) -> bool:
         """Whether ``expr`` is known to be a float32/float64 tensor (or a factory default-dtype one)."""

@@ -17,7 +17,6 @@ _CAUSAL = ("causal", "tril", "triu", "future", "subsequent", "look_ahead", "look
            "upper", "lower", "diag", "window", "sliding", "band", "chunk", "local")
 # a mask built from these marks padding: a sequence that is all padding masks a whole row
 _PADDING = ("pad", "valid")
-_GUARD_CALLS = ("nan_to_num", "nan_to_num_", "isnan", "isfinite", "isinf", "isneginf", "all", "any")
 
 
 @dataclass

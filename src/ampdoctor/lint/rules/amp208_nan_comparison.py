@@ -15,7 +15,6 @@ _TORCH_TENSOR = {
     "torch.linalg.vector_norm", "torch.where", "torch.clamp", "torch.nn.utils.clip_grad_norm_",
     "torch.zeros_like", "torch.ones_like", "torch.full_like", "torch.empty_like", "torch.randn_like",
 }
-_SCALAR_CONTEXT = (cst.If, cst.While, cst.Assert, cst.IfExp, cst.BooleanOperation)
 _CODE = cst.Module([])
 
 

@@ -18,8 +18,7 @@ _FUSED = {"flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_fun
 class _Softmax:
     call: cst.Call
     inp: cst.BaseExpression
-    autocast: h.Autocast | None  # the enabled autocast region around it, if any
-    disabled: bool  # inside `autocast(enabled=False)`
+    autocast: h.Autocast | None  # the innermost autocast region around it, when enabled
 
 
 @dataclass
@@ -60,8 +59,7 @@ class Fp16AttentionSoftmax(Rule):
             return
         regions = h.enclosing_autocasts(self.ctx)
         ac = regions[0] if regions and regions[0].enabled is not False else None
-        disabled = bool(regions) and regions[0].enabled is False
-        self.softmaxes.setdefault(id(fn), []).append(_Softmax(node, inp, ac, disabled))
+        self.softmaxes.setdefault(id(fn), []).append(_Softmax(node, inp, ac))
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         sms = self.softmaxes.pop(id(node), None)
