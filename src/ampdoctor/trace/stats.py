@@ -2,7 +2,7 @@
 
 Each tensor costs four small ops: ``aminmax`` over the whole tensor (exact extremes; NaN and
 ±inf show up there), then ``bucketize`` + ``bincount`` of its values (or of an evenly strided
-sample of at most ``SAMPLE`` values for large tensors) against one set of boundaries that holds
+sample of at most ``SAMPLE`` values, ``SAMPLE_CPU`` on the CPU, for large tensors) against one set of boundaries that holds
 the fp16 and bf16 overflow, normal, subnormal and flush-to-zero thresholds plus a power-of-two
 grid. The host decodes the bucket counts into classes for either format after the one
 device-to-host copy per optimizer step.
@@ -17,7 +17,8 @@ import torch
 
 from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS, Format
 
-SAMPLE = 1 << 16
+SAMPLE = 1 << 16  # values bucketed per tensor on accelerators
+SAMPLE_CPU = 1 << 12  # CPU bucketize costs ~100 ns a value: a smaller sample keeps it cheap
 CLASSES = ("nan", "pinf", "ninf", "overflow", "normal", "subnormal", "flush", "zero")
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -114,14 +115,15 @@ def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]
     x = t.detach()
     n = x.numel()
     mm = torch.stack(torch.aminmax(x))
-    if n <= SAMPLE:
+    limit = SAMPLE_CPU if x.device.type == "cpu" else SAMPLE
+    if n <= limit:
         flat = x.reshape(-1)
         if not flat.is_contiguous():  # an expanded tensor (stride 0), e.g. the gradient of a sum
             flat = flat.contiguous()
     elif x.is_contiguous():
-        flat = x.view(-1)[:: -(-n // SAMPLE)].contiguous()
+        flat = x.view(-1)[:: -(-n // limit)].contiguous()
     else:  # gather the sample only: reshape(-1) would copy the whole tensor
-        flat = torch.take(x, _sample_index(n, x.device))
+        flat = torch.take(x, _sample_index(n, limit, x.device))
     idx = torch.bucketize(flat, bounds_for(x.device))
     return mm, _count(idx), n, flat.numel()
 
@@ -129,14 +131,14 @@ def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]
 _INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def _sample_index(n: int, device: torch.device) -> torch.Tensor:
-    """Evenly strided flat indices of at most SAMPLE elements (cached per size and device)."""
+def _sample_index(n: int, limit: int, device: torch.device) -> torch.Tensor:
+    """Evenly strided flat indices of at most ``limit`` elements (cached per size and device)."""
     key = (n, device)
     idx = _INDEX.get(key)
     if idx is None:
         if len(_INDEX) > 256:
             _INDEX.clear()
-        idx = _INDEX[key] = torch.arange(0, n, -(-n // SAMPLE), device=device)
+        idx = _INDEX[key] = torch.arange(0, n, -(-n // limit), device=device)
     return idx
 
 
