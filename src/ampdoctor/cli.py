@@ -66,7 +66,8 @@ def _console(file, force_plain: bool):
     if force_plain:
         return Console(file=file, no_color=True, highlight=False, width=100, force_terminal=False,
                        soft_wrap=True, emoji=False)
-    return Console(file=file, highlight=False, emoji=False)
+    tty = hasattr(file, "isatty") and file.isatty()
+    return Console(file=file, highlight=False, emoji=False, width=None if tty else 120)
 
 
 @main.command()

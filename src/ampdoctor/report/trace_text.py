@@ -59,7 +59,9 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
                     "non-finite", "overflow", "underflow", "calls"):
             table.add_column(col, overflow="fold")
         for r in worst:
-            table.add_row(escape(r["module"]), escape(r["class"]), r["phase"], r["dtype"], _num(r["absmax"]),
+            absmax = _num(r["absmax"]) if r["absmax"] is not None else (
+                "nan" if r["nonfinite"]["nan"] else "inf" if r["nonfinite"]["pinf"] + r["nonfinite"]["ninf"] else "-")
+            table.add_row(escape(r["module"]), escape(r["class"]), r["phase"], r["dtype"], absmax,
                           _num(r["min_nonzero"]), _num(r["headroom_bits"]), str(sum(r["nonfinite"].values())),
                           f"{r['overflow_fraction']:.1%}", f"{r['underflow_fraction']:.1%}", str(r["calls"]))
         console.print(table)
