@@ -28,10 +28,6 @@ def fmt_number(v: float) -> str:
     return f"{v:g}"
 
 
-def strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
-    return node  # libcst keeps parentheses on the node itself (lpar/rpar)
-
-
 def code_of(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
@@ -247,22 +243,6 @@ class FunctionIndex:
         if last_unconditional is None:
             return out
         return [a for a in out if a.order >= last_unconditional.order]
-
-
-def enclosing(ctx: Context, kinds) -> cst.CSTNode | None:
-    for p in ctx.ancestors():
-        if isinstance(p, kinds):
-            return p
-    return None
-
-
-def enclosing_function(ctx: Context) -> cst.FunctionDef | None:
-    for p in ctx.ancestors():
-        if isinstance(p, cst.FunctionDef):
-            return p
-        if isinstance(p, (cst.ClassDef, cst.Lambda)):
-            return None
-    return None
 
 
 def enclosing_class_of_method(ctx: Context) -> cst.ClassDef | None:
@@ -537,7 +517,7 @@ class Fp16ModelTracker:
                 recv: list[str] = []
                 tensors: list[str] = []
                 fn_scope, cls_scope = scope_keys(ctx)
-                if params is not None:
+                if params is not None and not has_upcast(names, params):  # float32 master copies
                     recv = parameter_receivers(params)
                     for n in names_in_expr(params):
                         recv.extend(self.param_names.get((fn_scope, n), ()))
@@ -576,7 +556,7 @@ class Fp16ModelTracker:
                 else:
                     self.fp16_tensors.discard((fn_scope, t.target.value))
         recv = parameter_receivers(node.value)
-        if not recv:
+        if not recv or has_upcast(self.ctx.names, node.value):
             return
         for t in node.targets:
             d = dotted_name(t.target)

@@ -19,6 +19,7 @@ _STAT_FUNCS = {"torch.std", "torch.norm", "torch.linalg.norm", "torch.linalg.vec
                "torch.Tensor.std", "torch.Tensor.norm"}
 _NORMALIZE = {"torch.nn.functional.normalize": (3, 1e-12, 1), "torch.nn.functional.cosine_similarity": (3, 1e-8, 2),
               "torch.cosine_similarity": (3, 1e-8, 2)}
+_NOT_TORCH = {"numpy", "np", "scipy", "librosa", "soundfile", "cv2", "pandas", "jax", "math", "statistics"}
 _FINFO_TINY = {("float32", "tiny"): 2.0 ** -126, ("float32", "smallest_normal"): 2.0 ** -126,
                ("float64", "tiny"): 2.0 ** -1022, ("float64", "smallest_normal"): 2.0 ** -1022,
                ("float32", "eps"): 2.0 ** -23, ("float64", "eps"): 2.0 ** -52}
@@ -151,7 +152,32 @@ class EpsUnderflow(Rule):
                     self._normalize(idx, fn, cls, n, q)
 
     def _add(self, idx, fn, cls, node, eps, what, op, pure_only, default=None) -> None:
+        if eps is not None and not self._model_context(idx, fn, cls, node, eps):
+            return
         self.cands.append(_Candidate(node, eps, default, what, op, pure_only, idx, fn, cls))
+
+    def _model_context(self, idx: nu.FunctionIndex, fn, cls, node: cst.CSTNode, eps: cst.BaseExpression) -> bool:
+        """Model code, where activations are float16: a `forward` (or a method of a class that
+        has one), a norm helper (`rms_norm`, `l2norm`, not `normalize_rewards`), an autocast
+        block, or an `eps` parameter or attribute. An inline literal in a free function usually
+        normalises data (advantages, audio), which stays float32."""
+        name = fn.name.value.lower() if fn is not None else ""
+        if name.endswith("forward") or "norm" in name and "normaliz" not in name:
+            return True
+        if cls is not None and any(isinstance(s, cst.FunctionDef) and s.name.value == "forward"
+                                   for s in cls.body.body):
+            return True
+        if isinstance(eps, cst.Attribute) and isinstance(eps.value, cst.Name) and eps.value.value == "self":
+            return True
+        if isinstance(eps, cst.Name) and nu.param_default(fn, eps.value) not in (False, None):
+            return True
+        for p in idx.ancestors(node):
+            if isinstance(p, cst.With):
+                for item in p.items:
+                    ac = h.autocast_call(self.ctx.names, item.item)
+                    if ac is not None and ac.enabled is not False and ac.effective_dtype in ("float16", None):
+                        return True
+        return False
 
     def _divisor(self, idx, fn, cls, div: cst.CSTNode, right: cst.BaseExpression) -> None:
         right = self._resolve(idx, right, div)
@@ -180,6 +206,7 @@ class EpsUnderflow(Rule):
                       self._autocast_fp32(idx, base, div))
 
     def _rsqrt(self, idx, fn, cls, node: cst.CSTNode, arg: cst.BaseExpression) -> None:
+        arg = self._resolve(idx, arg, node) or arg
         g = self._guard(arg)
         if g is None:
             return
@@ -265,13 +292,24 @@ class EpsUnderflow(Rule):
     def _upcast(self, idx: nu.FunctionIndex, expr: cst.CSTNode, at: cst.CSTNode, depth: int) -> bool:
         """``expr`` is computed in float32 (or float64), directly or through local names."""
         names = self.ctx.names
-        if nu.has_upcast(names, expr):
+        if nu.has_upcast(names, expr) or self._not_torch(expr):
             return True
         if depth >= 4:
             return False
         for n in set(nu.names_in_expr(expr)):
             for a in idx.reaching(n, at):
                 if a.value is not None and self._upcast(idx, a.value, a.stmt, depth + 1):
+                    return True
+        return False
+
+    def _not_torch(self, expr: cst.CSTNode) -> bool:
+        """Data that comes from numpy & co (``np.load(...)``, ``t.cpu().numpy()``)."""
+        for n in [expr, *h.walk(expr)]:
+            if isinstance(n, cst.Call):
+                if h.method_call(n, "numpy", "tolist", "item"):
+                    return True
+                q = self.ctx.names.qualified(n.func) or ""
+                if q.split(".", 1)[0] in _NOT_TORCH:
                     return True
         return False
 
@@ -336,6 +374,8 @@ class EpsUnderflow(Rule):
                 return None if any(x is None for x in vals) else min(vals)  # type: ignore[type-var]
             d = nu.param_default(c.fn, expr.value)
             if d is not False:
+                if isinstance(d, cst.Name):  # def f(x, eps=EPS)
+                    return self.module_consts.get(d.value)
                 return h.number_value(d) if d is not None else None  # type: ignore[arg-type]
             if expr.value in c.idx.assigns:
                 return None

@@ -26,6 +26,24 @@ class VarDtypeKwarg(Rule):
     words = (b".var(", b".std(", b"var_mean(", b"std_mean(")
     summary = "`var`/`std`/`var_mean`/`std_mean` called with `dtype=`, which raises TypeError."
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.pending: list[tuple[cst.Call, str, cst.Call]] = []  # method-form findings
+        self.own_methods = False  # the file defines its own var()/std() taking a dtype
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if node.name.value in ("var", "std"):
+            ps = node.params
+            if any(p.name.value == "dtype" for p in list(ps.params) + list(ps.kwonly_params)) or \
+                    isinstance(ps.star_kwarg, cst.Param):
+                self.own_methods = True
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if self.own_methods:
+            return
+        for call, what, new_call in self.pending:
+            self._report(call, what, new_call)
+
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
         dtype_arg = next((a for a in node.args if a.keyword is not None and a.keyword.value == "dtype"), None)
@@ -49,7 +67,7 @@ class VarDtypeKwarg(Rule):
         new_recv = _cast(recv, dt, dtype_arg.value)
         new_call = node.with_changes(func=node.func.with_changes(value=new_recv),  # type: ignore[union-attr]
                                      args=_without(node.args, dtype_arg))
-        self._report(node, f"{nu.short(recv, 20)}.{meth}", new_call)
+        self.pending.append((node, f"{nu.short(recv, 20)}.{meth}", new_call))
 
     def _function_form(self, node: cst.Call, meth: str, dtype_arg: cst.Arg) -> None:
         args = list(node.args)

@@ -7,7 +7,6 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import num_util as nu
-from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # tensor methods / torch functions that keep a float32 input float32 (no autocast lowering)
