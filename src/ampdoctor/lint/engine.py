@@ -6,10 +6,15 @@ main process and in pool workers, and the results can be cached.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import io
+import itertools
 import re
+import sys
+import threading
 import tokenize
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable
@@ -33,6 +38,19 @@ from ampdoctor.lint.rule import Context, FixSpec, Report, Rule
 
 MAX_FIX_ROUNDS = 10
 _SCOPE_NAMES = frozenset({"FunctionDef", "ClassDef", "Lambda"})
+
+# Deeply nested code exhausts Python's recursion limit in libcst (positions, code generation)
+# and in rules. Such a file is linted again in a thread with a large stack and a higher limit.
+DEEP_RECURSION_LIMIT = 60_000
+DEEP_STACK_SIZE = 1 << 30  # address space only: pages the run does not touch are never used
+_deep = threading.local()
+
+# Python refuses more than 200 nested brackets ("too many nested parentheses"); libcst does
+# not, and parses such nesting in time that grows much faster than the file. A file that deep
+# is checked with Python's parser first.
+MAX_NESTING = 200
+_BRACKETS = bytes.maketrans(b"([{)]}", b"\x01\x01\x01\xff\xff\xff")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"()[]{}")
 
 
 # -- rule selection -------------------------------------------------------------
@@ -173,6 +191,36 @@ def decode(data: bytes) -> tuple[str, str]:
     return data.decode(encoding), encoding
 
 
+def _max_nesting(data: bytes) -> int:
+    """The deepest bracket nesting, counting brackets in strings and comments too (an upper bound)."""
+    if data.count(b"(") + data.count(b"[") + data.count(b"{") < MAX_NESTING:
+        return 0
+    steps = memoryview(data.translate(_BRACKETS, _NOT_BRACKETS)).cast("b")
+    return max(itertools.accumulate(steps), default=0)
+
+
+def _python_syntax_error(text: str) -> tuple[int, int, str] | None:
+    """Where and why Python's own parser rejects ``text``: (line, 1-based column, message), or None.
+
+    libcst's error positions are often a line or more off (and a suppression comment on the
+    wrong line then hides the error); Python's are the ones users see when they run the file.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(text, "<ampdoctor>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+        except SyntaxError as exc:
+            if not exc.lineno:
+                return None
+            line = max(1, min(exc.lineno, text.count("\n") + 1))
+            return line, max(1, exc.offset or 1), f"{type(exc).__name__}: {exc.msg}"
+        except (RecursionError, MemoryError):
+            return 1, 1, "the file is nested too deeply to be parsed"
+        except (ValueError, TypeError):
+            return None
+    return None
+
+
 
 
 # -- fixes --------------------------------------------------------------------------
@@ -228,10 +276,16 @@ def apply_fixes(module: cst.Module, fixes: Iterable[FixSpec]) -> str:
     return new.code
 
 
+# Python's line breaks (str.splitlines also splits at form feeds, \x1c-\x1e, \x85, \u2028, ...,
+# which are not line breaks in source code, so positions after them would be lines too far)
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
 def text_edits(old: str, new: str) -> tuple[Edit, ...]:
     """Minimal edits turning ``old`` into ``new``: changed line blocks, trimmed to the characters."""
-    a = old.splitlines(keepends=True)
-    b = new.splitlines(keepends=True)
+    a = _LINE.findall(old)
+    b = _LINE.findall(new)
     edits = []
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag == "equal":
@@ -251,9 +305,9 @@ def text_edits(old: str, new: str) -> tuple[Edit, ...]:
 
 
 def _advance(line: int, col: int, text: str) -> tuple[int, int]:
-    nl = text.count("\n")
-    if nl:
-        return line + nl, len(text) - text.rfind("\n")
+    ends = [m.end() for m in _NEWLINE.finditer(text)]
+    if ends:
+        return line + len(ends), len(text) - ends[-1] + 1
     return line, col + len(text)
 
 
@@ -293,11 +347,17 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
     try:
         module = _parse(text)
     except cst.ParserSyntaxError as exc:
+        python = _python_syntax_error(text)
+        if python is not None:
+            errors.append(_diag_at(path, SYNTAX_ERROR, *python))
+            return _Pass(None, [], [])
         msg = str(exc).splitlines()[0] if str(exc) else "invalid syntax"
         errors.append(_diag_at(path, SYNTAX_ERROR, exc.raw_line, exc.raw_column + 1, f"SyntaxError: {exc.message}"
                                if getattr(exc, "message", None) else msg))
         return _Pass(None, [], [])
     except RecursionError:
+        if not getattr(_deep, "on", False):
+            raise  # lint_bytes tries again with a deeper stack
         errors.append(_diag_at(path, SYNTAX_ERROR, 1, 1, "the file is nested too deeply to be parsed"))
         return _Pass(None, [], [])
 
@@ -307,6 +367,8 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
     try:
         dispatcher.walk(module)
     except RecursionError:
+        if not getattr(_deep, "on", False):
+            raise  # lint_bytes tries again with a deeper stack
         errors.append(_diag_at(path, INTERNAL_ERROR, 1, 1, "the file is nested too deeply to be checked"))
         return _Pass(module, [], [])
     for code, err in sorted(dispatcher.failures.items()):
@@ -339,7 +401,7 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
         diag = Diagnostic(
             path=path, line=rng.start.line, column=rng.start.column + 1, code=rep.rule.code,
             end_line=rng.end.line, end_column=rng.end.column + 1, name=info.name,
-            severity=info.severity, message=rep.message,
+            severity=info.severity, message=_one_line(rep.message),
             fix_title=(rep.fix.title or rep.rule.fix_title) if rep.fix else
             (rep.rule.fix_title if rep.rule.fix_availability == "suggestion" else None), fix=fix,
         )
@@ -412,15 +474,58 @@ def _select_non_overlapping(fixable, allow_unsafe: bool) -> list[FixSpec]:
     return chosen
 
 
+def _one_line(message: str) -> str:
+    """A diagnostic is one line (concise and github output rely on it), whatever code a rule quotes."""
+    return re.sub(r"\s*[\r\n]+\s*", " ", message) if "\n" in message or "\r" in message else message
+
+
 def lint_bytes(path: str, data: bytes, settings: Settings) -> FileResult:
     """Lint one file's content. Never raises for any input."""
     result = FileResult(path)
     try:
         return _lint_bytes(path, data, settings, result)
+    except RecursionError:
+        if getattr(_deep, "on", False):
+            return FileResult(path, [_diag_at(path, INTERNAL_ERROR, 1, 1, "the file is nested too deeply to be checked")])
     except Exception as exc:  # the last line of defence: one file never stops a run
         result.diagnostics = [_diag_at(path, INTERNAL_ERROR, 1, 1, f"internal error ({type(exc).__name__}: {exc})")]
         result.fixed = None
         return result
+    return _lint_deep(path, data, settings)
+
+
+def _lint_deep(path: str, data: bytes, settings: Settings) -> FileResult:
+    """``lint_bytes`` again in a thread with a large stack and a high recursion limit (deep nesting)."""
+    box: list[FileResult] = []
+
+    def work() -> None:
+        _deep.on = True
+        box.append(lint_bytes(path, data, settings))
+
+    # nesting that Python itself cannot parse is a syntax error, whatever libcst manages
+    try:
+        python = _python_syntax_error(decode(data)[0])
+    except (UnicodeDecodeError, SyntaxError, LookupError):
+        python = None
+    if python is not None:
+        return FileResult(path, _filter_engine([_diag_at(path, SYNTAX_ERROR, *python)], settings.enabled))
+    too_deep = FileResult(path, [_diag_at(path, INTERNAL_ERROR, 1, 1, "the file is nested too deeply to be checked")])
+    old_limit = sys.getrecursionlimit()
+    try:
+        old_size = threading.stack_size(DEEP_STACK_SIZE)
+    except (ValueError, RuntimeError):  # pragma: no cover - a platform without settable stacks
+        return too_deep
+    try:
+        sys.setrecursionlimit(max(old_limit, DEEP_RECURSION_LIMIT))
+        thread = threading.Thread(target=work, name="ampdoctor-deep", daemon=True)
+        thread.start()
+    finally:
+        threading.stack_size(old_size)
+    try:
+        thread.join()
+    finally:
+        sys.setrecursionlimit(old_limit)
+    return box[0] if box else too_deep
 
 
 def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) -> FileResult:
@@ -445,9 +550,15 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
         return result
 
     current = text
-    passed = _lint_text(path, current, settings, errors)
+    too_deep = _python_syntax_error(text) if _max_nesting(data) >= MAX_NESTING else None
+    if too_deep is not None:
+        errors.append(_diag_at(path, SYNTAX_ERROR, *too_deep))
+        passed = _Pass(None, [], [])
+    else:
+        passed = _lint_text(path, current, settings, errors)
     if settings.fix and passed.module is not None:
         allow_unsafe = settings.fix == "unsafe"
+        first, first_errors = passed, list(errors)
         for _ in range(MAX_FIX_ROUNDS):
             reported = {id(d) for d in _apply_suppressions(path, current, data, passed.diagnostics, settings)}
             candidates = [f for f in passed.fixable if id(f[0]) in reported]
@@ -466,6 +577,13 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
             current, passed = new_text, probe
             errors = [e for e in errors if e.code != INTERNAL_ERROR.code] + probe_errors
             result.fixes_applied += len(chosen)
+        else:
+            # still fixing after MAX_FIX_ROUNDS: a fix brings back what it fixed and would be
+            # applied over and over, so none is applied
+            current, passed, result.fixes_applied = text, first, 0
+            errors = first_errors + [_diag_at(path, INTERNAL_ERROR, 1, 1,
+                                              f"fixes did not converge after {MAX_FIX_ROUNDS} rounds; "
+                                              "the file was left as it was")]
         if current != text:
             result.fixed = current.encode(encoding)
     diags = passed.diagnostics + _filter_engine(errors, enabled)
