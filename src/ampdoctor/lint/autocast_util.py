@@ -7,6 +7,7 @@ import re
 from typing import Iterator
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names
@@ -107,7 +108,7 @@ def order(root: cst.CSTNode) -> dict[int, tuple[int, int]]:
         nonlocal counter
         start = counter
         counter += 1
-        for c in n.children:
+        for c in _tree.children(n):
             visit(c)
         out[id(n)] = (start, counter - 1)
 

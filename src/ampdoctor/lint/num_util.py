@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
@@ -124,6 +125,9 @@ class Assignment:
     stmt: cst.CSTNode
 
 
+_INDEXES: dict[int, tuple] = {}  # id(function node) -> (node, index); the node check guards reused ids
+
+
 @dataclass
 class FunctionIndex:
     """Source-order facts about one function body (nested defs excluded)."""
@@ -138,6 +142,18 @@ class FunctionIndex:
 
     @classmethod
     def build(cls, fn: cst.CSTNode) -> "FunctionIndex":
+        """The index of ``fn``, built once and shared by the rules that ask for it."""
+        hit = _INDEXES.get(id(fn))
+        if hit is not None and hit[0] is fn:
+            return hit[1]
+        if len(_INDEXES) > 4096:
+            _INDEXES.clear()
+        idx = cls._build(fn)
+        _INDEXES[id(fn)] = (fn, idx)
+        return idx
+
+    @classmethod
+    def _build(cls, fn: cst.CSTNode) -> "FunctionIndex":
         idx = cls(fn)
         if isinstance(fn, cst.FunctionDef):
             ps = fn.params
@@ -149,7 +165,7 @@ class FunctionIndex:
             body = fn.body
         else:
             body = fn
-        stack: list[tuple[cst.CSTNode, cst.CSTNode]] = [(c, body) for c in reversed(body.children)]
+        stack: list[tuple[cst.CSTNode, cst.CSTNode]] = [(c, body) for c in reversed(_tree.children(body))]
         idx.parent[id(body)] = fn
         while stack:
             n, par = stack.pop()
@@ -175,7 +191,7 @@ class FunctionIndex:
                 if isinstance(n, cst.FunctionDef):
                     idx.used_names.add(n.name.value)
                 continue
-            stack.extend((c, n) for c in reversed(n.children))
+            stack.extend((c, n) for c in reversed(_tree.children(n)))
         return idx
 
     def _add_target(self, target: cst.BaseExpression, value, stmt) -> None:
@@ -347,7 +363,7 @@ def names_in_expr(expr: cst.CSTNode) -> list[str]:
             continue
         if isinstance(n, h.SCOPES):
             continue
-        stack.extend(reversed(n.children))
+        stack.extend(reversed(_tree.children(n)))
     return out
 
 

@@ -7,6 +7,7 @@ import re
 from typing import Iterator
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
@@ -400,13 +401,13 @@ def _is_no_grad_with(names: Names, node: cst.CSTNode) -> bool:
 def _grad_assignments(names: Names, node: cst.CSTNode) -> list[cst.CSTNode]:
     """Targets assigned under ``node`` outside ``with torch.no_grad()`` blocks and nested defs."""
     out: list[cst.CSTNode] = []
-    stack = list(reversed(node.children))
+    stack = list(reversed(_tree.children(node)))
     while stack:
         n = stack.pop()
         if isinstance(n, h.SCOPES) or _is_no_grad_with(names, n):
             continue
         out.extend(_assigned(n))
-        stack.extend(reversed(n.children))
+        stack.extend(reversed(_tree.children(n)))
     return out
 
 

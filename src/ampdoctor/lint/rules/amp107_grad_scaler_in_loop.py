@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
@@ -68,13 +69,13 @@ class GradScalerInLoop(Rule):
     @staticmethod
     def _direct(node: cst.CSTNode):
         """Descendants of ``node`` that are not inside a nested loop or def."""
-        stack = list(reversed(node.children))
+        stack = list(reversed(_tree.children(node)))
         while stack:
             n = stack.pop()
             yield n
             if isinstance(n, h.SCOPES + h.LOOPS):
                 continue
-            stack.extend(reversed(n.children))
+            stack.extend(reversed(_tree.children(n)))
 
     def _fix(self, call: cst.Call, loop: cst.CSTNode) -> FixSpec | None:
         stack = self.ctx.parents

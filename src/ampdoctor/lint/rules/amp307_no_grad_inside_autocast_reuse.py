@@ -4,6 +4,7 @@ import builtins
 from dataclasses import dataclass
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
@@ -150,7 +151,7 @@ class NoGradInsideAutocastReuse(Rule):
                     if k in cand.keys:
                         found = (n, k)
                         return True
-            for c in n.children:
+            for c in _tree.children(n):
                 if visit(c):
                     return True
             return False

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
@@ -107,7 +108,7 @@ class AutocastDisabledNoCast(Rule):
                 bind(n.name, None)
             elif isinstance(n, cst.NamedExpr):
                 bind(n.target, None)
-            for c in n.children:
+            for c in _tree.children(n):
                 visit(c)
 
         visit(body)
@@ -140,7 +141,7 @@ class AutocastDisabledNoCast(Rule):
             elif isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.MatrixMultiply):
                 use(n.left, "@")
                 use(n.right, "@")
-            for c in n.children:
+            for c in _tree.children(n):
                 visit(c)
             # a name rebound inside the disabled region is no longer the outer value
             if isinstance(n, cst.Assign):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
@@ -81,7 +82,7 @@ class GpuNamePrecisionCheck(Rule):
             return True
         if isinstance(expr, h.SCOPES):
             return False
-        return any(self._is_devname(c) for c in expr.children)
+        return any(self._is_devname(c) for c in _tree.children(expr))
 
     def _collection(self, expr: cst.CSTNode) -> str | None:
         """The source of a list/tuple/set of strings naming GPUs, or a name bound to one."""
@@ -225,7 +226,7 @@ class GpuNamePrecisionCheck(Rule):
                         (isinstance(parent, cst.Attribute) and parent.value is n):
                     out.append(list(stack))
             if n is scope or not isinstance(n, h.SCOPES):
-                for c in n.children:
+                for c in _tree.children(n):
                     visit(c, stack)
             stack.pop()
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import libcst as cst
+from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
@@ -178,7 +179,7 @@ class DeprecatedDeviceAmp(Rule):
             if isinstance(n, cst.Name) and n.value in locals_:
                 out.append((n, parent, grand, annot))
             annot = annot or isinstance(n, cst.Annotation)
-            for c in n.children:
+            for c in _tree.children(n):
                 visit(c, n, parent, annot)
 
         visit(module, None, None, False)
