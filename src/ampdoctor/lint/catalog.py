@@ -11,7 +11,7 @@ RULES = (
     ('AMP108', 'grad-scaler-with-bf16', 'warning', 'safe', True, 'A `GradScaler` that is enabled for bfloat16 autocast, which needs no loss scaling.'),
     ('AMP109', 'fp16-autocast-no-scaler', 'error', None, True, 'float16 autocast in a training step with no `GradScaler` (gradients underflow).'),
     ('AMP110', 'checkpoint-missing-scaler', 'warning', 'suggestion', True, '`torch.save` of a training checkpoint with the optimizer state but no GradScaler state.'),
-    ('AMP201', 'mask-fill-overflow', 'error', 'unsafe', True, '`masked_fill` with a constant such as -1e9 that overflows float16, in a file that uses float16.'),
+    ('AMP201', 'mask-fill-overflow', 'error', 'unsafe', True, '`masked_fill` or an additive `mask * C` mask with a constant such as -1e9 that overflows float16, in a file that uses float16.'),
     ('AMP202', 'neg-inf-padding-mask', 'warning', 'suggestion', True, 'A padding mask filled with -inf before a softmax: fully masked rows turn into NaN.'),
     ('AMP203', 'mask-finfo-min-sum', 'warning', 'suggestion', True, 'Two additive masks built from `torch.finfo(dtype).min` added together: the sum overflows to -inf.'),
     ('AMP204', 'eps-underflow', 'warning', 'suggestion', True, "Hand-written norm with an epsilon below float16's smallest value (1e-8, 1e-12) on float16 data."),

@@ -25,11 +25,12 @@ _INTEGER_SUFFIXES = ("ids", "idx", "index", "indices", "label", "labels", "token
 
 @dataclass
 class _Candidate:
-    call: cst.Call
+    call: cst.CSTNode  # the masked_fill call, or the `mask * C` product
     recv: cst.BaseExpression
     value: cst.BaseExpression
     fn: cst.FunctionDef | None
     guarded: bool
+    additive: bool = False
 
 
 class MaskFillOverflow(Rule):
@@ -42,9 +43,13 @@ class MaskFillOverflow(Rule):
                "`.half()`) it raises \"value cannot be converted to type c10::Half without overflow\". "
                "Fill with `torch.finfo({recv}.dtype).{lim}` instead.")
     fix_title = "Fill with `torch.finfo({recv}.dtype).{lim}`"
+    additive_message = ("`{expr}` multiplies a mask by {value}, which float16 cannot hold: when the mask is float16 "
+                        "(fp16 autocast, `.half()`, `.to(dtype)`) the product is -inf, and a fully masked row then "
+                        "gives NaN after softmax. Use `torch.finfo(dtype).min` of the scores' dtype instead.")
     fix_availability = "unsafe"
-    words = (b"masked_fill",)
-    summary = "`masked_fill` with a constant such as -1e9 that overflows float16, in a file that uses float16."
+    words = (b"masked_fill", b"mask")
+    summary = ("`masked_fill` or an additive `mask * C` mask with a constant such as -1e9 that overflows float16, "
+               "in a file that uses float16.")
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
@@ -63,6 +68,17 @@ class MaskFillOverflow(Rule):
         if recv is None or value is None or h.has_star_args(node):
             return
         self.candidates.append(_Candidate(node, recv, value, self._function(), self._dtype_guarded()))
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        """Additive masks: `mask * -1e9`, `(1 - mask) * -1e9`, `-1e9 * mask`."""
+        if not isinstance(node.operator, cst.Multiply):
+            return
+        for const, other in ((node.right, node.left), (node.left, node.right)):
+            if isinstance(const, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Name, cst.Attribute, cst.Call)) \
+                    and any("mask" in n for n in h.names_in(other)) and not any("mask" in n for n in h.names_in(const)):
+                self.candidates.append(_Candidate(node, other, const, self._function(), self._dtype_guarded(),
+                                                  additive=True))
+                return
 
     def _function(self) -> cst.FunctionDef | None:
         scope = h.enclosing_scope(self.ctx)
@@ -99,10 +115,16 @@ class MaskFillOverflow(Rule):
                 continue
             if self._wide(c.recv, flow, c.call, 0) or self._integer_like(c.recv):
                 continue
+            if c.additive and any(mu.is_upcast(names, n) for n in h.walk(c.recv, enter_scopes=True)):
+                continue  # `(1.0 - mask.float()) * -1e9` stays float32
             found.append((c, v))
         if not found or mu.fp16_evidence(names, node) is None:
             return
         for c, v in found:
+            if c.additive:
+                expr = _CODE.code_for_node(c.call).strip()
+                self.report(c.call, self.additive_message.format(expr=expr, value=f"{v:g}"))
+                continue
             recv = dotted_name(c.recv)
             lim = "min" if v < 0 else "max"
             call_text = _CODE.code_for_node(c.call.func)
