@@ -68,19 +68,21 @@ def _prefilter(enabled: frozenset[str]) -> re.Pattern[bytes] | None:
     return re.compile(b"|".join(re.escape(w) for w in words))
 
 
+def _any_of(words) -> re.Pattern[bytes] | None:
+    return re.compile(b"|".join(re.escape(w) for w in sorted(words))) if words else None
+
+
 @lru_cache(maxsize=None)
-def _words(cls: type[Rule]) -> re.Pattern[bytes] | None:
-    if not cls.words:
-        return None
-    return re.compile(b"|".join(re.escape(w) for w in sorted(cls.words)))
+def _words(cls: type[Rule]) -> tuple[re.Pattern[bytes] | None, re.Pattern[bytes] | None]:
+    return _any_of(cls.words), _any_of(cls.also)
 
 
 def _active_rules(enabled: frozenset[str], data: bytes) -> list[type[Rule]]:
     """The enabled rules whose words occur in the file: only those are run on it."""
     out = []
     for cls in _rules_for(enabled):
-        pattern = _words(cls)
-        if pattern is None or pattern.search(data):
+        first, second = _words(cls)
+        if (first is None or first.search(data)) and (second is None or second.search(data)):
             out.append(cls)
     return out
 
@@ -286,10 +288,20 @@ def text_edits(old: str, new: str) -> tuple[Edit, ...]:
     """Minimal edits turning ``old`` into ``new``: changed line blocks, trimmed to the characters."""
     a = _LINE.findall(old)
     b = _LINE.findall(new)
+    # only the lines between the common head and tail are compared: the matcher is quadratic in
+    # repeated lines (blank lines, comments), and a fix is local
+    head = 0
+    while head < len(a) and head < len(b) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < len(a) - head and tail < len(b) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    matcher = difflib.SequenceMatcher(None, a[head:len(a) - tail], b[head:len(b) - tail], autojunk=False)
     edits = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
+        i1, i2, j1, j2 = i1 + head, i2 + head, j1 + head, j2 + head
         old_text = "".join(a[i1:i2])
         new_text = "".join(b[j1:j2])
         p = 0
@@ -532,7 +544,7 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
     enabled = settings.enabled
     pattern = _prefilter(enabled)
     has_sup = UNUSED_SUPPRESSION.code in enabled and suppress.QUICK.search(data) is not None
-    if (pattern is None or not pattern.search(data)) and not has_sup:
+    if (pattern is None or not pattern.search(data) or not _active_rules(enabled, data)) and not has_sup:
         result.skipped = True
         return result
     errors: list[Diagnostic] = []

@@ -70,6 +70,8 @@ class Rule:
     fix_availability: ClassVar[str | None] = None
     # byte strings of which at least one must occur in a file for the rule to run on it
     words: ClassVar[Sequence[bytes]] = ()
+    # when set, at least one of these must occur as well (a second, AND-ed group)
+    also: ClassVar[Sequence[bytes]] = ()
     default: ClassVar[bool] = True
     summary: ClassVar[str] = ""
 

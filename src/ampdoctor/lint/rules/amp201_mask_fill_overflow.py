@@ -48,6 +48,8 @@ class MaskFillOverflow(Rule):
                         "gives NaN after softmax. Use `torch.finfo(dtype).min` of the scores' dtype instead.")
     fix_availability = "unsafe"
     words = (b"masked_fill", b"mask")
+    also = (b"e9", b"e+9", b"e10", b"e+10", b"e12", b"e15", b"e18", b"e20", b"e30", b"e38", b"float32).max",
+            b"float32).min", b"2**", b"2 **", b"0000000")
     summary = ("`masked_fill` or an additive `mask * C` mask with a constant such as -1e9 that overflows float16, "
                "in a file that uses float16.")
 

@@ -39,6 +39,7 @@ class NegInfPaddingMask(Rule):
                "Fill with `torch.finfo({recv}.dtype).min`, or use `F.scaled_dot_product_attention`.")
     fix_availability = "suggestion"
     words = (b"masked_fill", b"where(")
+    also = (b"inf",)
     summary = "A padding mask filled with -inf before a softmax: fully masked rows turn into NaN."
 
     def __init__(self, ctx) -> None:

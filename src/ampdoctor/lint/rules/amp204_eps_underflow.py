@@ -50,6 +50,7 @@ class EpsUnderflow(Rule):
     fix_availability = "suggestion"
     # no finding without float16 in the file (a cast, a dtype, or autocast that defaults to it)
     words = (b".half", b"float16", b"autocast")
+    also = (b"eps", b"normalize", b"cosine_similarity", b"rsqrt", b"e-")
     summary = "Hand-written norm with an epsilon below float16's smallest value (1e-8, 1e-12) on float16 data."
 
     def __init__(self, ctx) -> None:

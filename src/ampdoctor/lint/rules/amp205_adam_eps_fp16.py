@@ -22,6 +22,7 @@ class AdamEpsFp16(Rule):
     fix_title = "Set `eps={safe}`"
     fix_availability = "unsafe"
     words = (b".half", b"float16", b"HalfTensor")
+    also = (b"Adam", b"RMSprop", b"Adagrad")
     summary = "Adam/AdamW/RMSprop/Adagrad eps below float16's smallest value on float16 parameters."
 
     def __init__(self, ctx) -> None:

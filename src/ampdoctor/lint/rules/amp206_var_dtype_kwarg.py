@@ -24,6 +24,7 @@ class VarDtypeKwarg(Rule):
     fix_title = "Move the dtype onto the input: `{fixed}`"
     fix_availability = "safe"
     words = (b".var(", b".std(", b"var_mean(", b"std_mean(")
+    also = (b"dtype",)
     summary = "`var`/`std`/`var_mean`/`std_mean` called with `dtype=`, which raises TypeError."
 
     def __init__(self, ctx) -> None:

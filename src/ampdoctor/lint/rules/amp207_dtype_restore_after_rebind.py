@@ -41,6 +41,7 @@ class DtypeRestoreAfterRebind(Rule):
     fix_title = "Save `{v} = {x}.dtype` before the upcast and cast back to `{v}`"
     fix_availability = "safe"
     words = (b".dtype)", b"type_as(", b"=x.dtype", b".dtype,")
+    also = (b".float()", b"float32", b".double()", b"torch.float)")
     summary = "`x = x.float()` followed by `.to(x.dtype)`, which then no longer restores the input dtype."
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:

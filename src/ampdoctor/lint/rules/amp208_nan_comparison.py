@@ -28,7 +28,8 @@ class NanComparison(Rule):
                "check never detects a NaN. Use {use}.")
     fix_title = "Use `{call}`"
     fix_availability = "unsafe"
-    words = (b"nan", b"NaN", b"NAN")
+    words = (b"'nan'", b'"nan"', b".nan", b"NaN", b"NAN")
+    also = (b"==", b"!=")
     summary = "`==`/`!=` against NaN (`float('nan')`, `math.nan`, `np.nan`, `torch.nan`), which is constant."
 
     def __init__(self, ctx) -> None:

@@ -43,6 +43,7 @@ class Fp16AttentionSoftmax(Rule):
                       "disabled.")
     fix_availability = "suggestion"
     words = (b"softmax",)
+    also = (b"float16", b".half", b"autocast", b"fp16", b"GradScaler")
     summary = "Hand-written `softmax(q @ kᵀ) @ v` attention computed in float16 without a float32 upcast."
 
     def __init__(self, ctx) -> None:

@@ -17,6 +17,7 @@ class Fp16ParamsInOptimizer(Rule):
                "updates smaller than 1/2048 of a weight round away{scaler}. Keep the model in float32 and "
                "run the forward pass under `torch.autocast` (with a GradScaler for float16).")
     words = (b".half", b"float16")
+    also = (b"optim", b"GradScaler", b"Adam", b"SGD")
     summary = "Model converted with `.half()`/`.to(torch.float16)` and then trained by an optimizer."
 
     def __init__(self, ctx) -> None:

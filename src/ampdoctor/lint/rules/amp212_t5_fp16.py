@@ -21,6 +21,7 @@ class T5Fp16(Rule):
                "maximum (65504), which gives inf/NaN outputs and losses. Use bfloat16 or float32{keep}.")
     keep_hint = ", or load with `torch_dtype=torch.float16` and no later cast, which keeps `wo` in float32"
     words = (b"t5", b"T5")
+    also = (b".half", b"float16", b"fp16")
     summary = "`.half()`/`.to(torch.float16)` on a T5/mT5/LongT5 model, which overflows in float16."
 
     def __init__(self, ctx) -> None:

@@ -41,6 +41,7 @@ class AutocastImplicitFp16(Rule):
                "`dtype=torch.bfloat16` or the dtype variable.")
     fix_availability = "suggestion"
     words = (b"bfloat16", b"bf16")
+    also = (b"autocast",)
     summary = "CUDA autocast without `dtype=` (so float16) in a file that configures bfloat16."
 
     def __init__(self, ctx) -> None:

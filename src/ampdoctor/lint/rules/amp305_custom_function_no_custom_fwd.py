@@ -31,7 +31,8 @@ class CustomFunctionNoCustomFwd(Rule):
                "`cast_inputs=torch.float32` to run it in float32) and `backward` with "
                "`@torch.amp.custom_bwd(device_type=\"cuda\")`.")
     fix_availability = "suggestion"
-    words = (b"autograd",)
+    words = (b"Function",)
+    also = (b"autocast",)
     summary = "Custom `autograd.Function` with autocastable ops and no `custom_fwd`/`custom_bwd`."
 
     def __init__(self, ctx) -> None:

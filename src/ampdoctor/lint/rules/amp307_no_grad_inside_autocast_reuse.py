@@ -43,6 +43,7 @@ class NoGradInsideAutocastReuse(Rule):
                "`cache_enabled=False` to autocast.")
     fix_availability = None
     words = (b"no_grad", b"set_grad_enabled")
+    also = (b"autocast",)
     summary = "Forward under `no_grad()` then forward+backward through the same module in one autocast region."
 
     def __init__(self, ctx) -> None:
