@@ -125,7 +125,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     try:
         from transformers.debug_utils import DebugUnderflowOverflow
@@ -136,7 +139,7 @@ def main() -> None:
     lines = [f"## Tracer overhead ({date.today().isoformat()}, {args.device})", "",
              f"Machine: {bench_env.machine()}; torch {torch.__version__}"
              + (f", {torch.cuda.get_device_name()}" if dev.type == "cuda" else "")
-             + f". Forward+backward+SGD step, fp32 weights with {'fp16' if dev.type == 'cuda' else 'bf16'} "
+             + f", {torch.get_num_threads()} torch threads. Forward+backward+SGD step, fp32 weights with {'fp16' if dev.type == 'cuda' else 'bf16'} "
                f"autocast, median of {args.reps} interleaved runs after {args.warmup} warm-up runs.", ""]
     for label, cfg in SIZES.items():
         torch.manual_seed(0)
@@ -161,12 +164,9 @@ def main() -> None:
         def run_plain():
             step()
 
-        tracer = Tracer()
-
         def run_ours():
-            with tracer:
+            with Tracer():
                 step()
-            tracer.__init__()  # fresh aggregates each run
 
         hf_holder = {}
 

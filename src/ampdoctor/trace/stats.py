@@ -179,17 +179,50 @@ class TensorSummary:
         return not any(self.nonfinite.values())
 
 
-def summarise(dtype: str, mm: list[float], counts: list[float], numel: int, sampled_n: int) -> TensorSummary:
-    vmin, vmax = mm
+_MATRICES: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, ...]] = {}
+
+
+def _matrices(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Bucket -> class one-hot matrices (one per format) and each bucket's lower magnitude."""
+    key = (device, dtype)
+    hit = _MATRICES.get(key)
+    if hit is None:
+        mats = []
+        for name in FORMATS:
+            m = torch.zeros(NBUCKETS, len(CLASSES), dtype=dtype)
+            for i, c in enumerate(CLASS_OF[name]):
+                m[i, c] = 1
+            mats.append(m.to(device))
+        lo = [b.lo_mag if (b.lo_mag > 0 and not math.isinf(b.lo_mag) and not math.isnan(b.lo_mag)) else math.inf
+              for b in BUCKETS]
+        hit = _MATRICES[key] = (*mats, torch.tensor(lo, dtype=dtype, device=device))
+    return hit
+
+
+ROW = 2 + len(FORMATS) * len(CLASSES) + 1  # values per tensor after reduce()
+
+
+def reduce(mms: list[torch.Tensor], counts: list[torch.Tensor]) -> torch.Tensor:
+    """On the device: per tensor (min, max, class counts for each format, smallest bucket magnitude),
+    as one flat vector of ROW values a tensor, ready for a single transfer."""
+    device = mms[0].device
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    mm = torch.stack(mms).to(dtype)
+    c = torch.stack(counts).to(dtype)
+    *mats, lo = _matrices(device, dtype)
+    lowest = torch.where(c > 0, lo, torch.full_like(lo, math.inf)).amin(dim=1, keepdim=True)
+    return torch.cat([mm, *(c @ m for m in mats), lowest], dim=1).reshape(-1)
+
+
+def summarise(dtype: str, row: list[float], numel: int, sampled_n: int) -> TensorSummary:
+    """Host-side summary of one tensor from its ROW values."""
+    vmin, vmax = row[0], row[1]
     scale = numel / sampled_n if sampled_n else 1.0
     classes = {}
-    for name in FORMATS:
-        acc = dict.fromkeys(CLASSES, 0.0)
-        cls = CLASS_OF[name]
-        for i, c in enumerate(counts):
-            if c:
-                acc[CLASSES[cls[i]]] += c * scale
-        classes[name] = acc
+    k = len(CLASSES)
+    for j, name in enumerate(FORMATS):
+        vals = row[2 + j * k: 2 + (j + 1) * k]
+        classes[name] = {c: v * scale for c, v in zip(CLASSES, vals)}
     has_nan = math.isnan(vmin) or math.isnan(vmax)
     for name in FORMATS:  # the exact extremes guarantee at least one when present
         acc = classes[name]
@@ -199,9 +232,6 @@ def summarise(dtype: str, mm: list[float], counts: list[float], numel: int, samp
             acc["pinf"] = 1.0
         if vmin == -math.inf and acc["ninf"] < 1:
             acc["ninf"] = 1.0
-    lo = math.inf
-    for i, c in enumerate(counts):
-        if c and BUCKETS[i].lo_mag > 0 and not math.isinf(BUCKETS[i].lo_mag) and not math.isnan(BUCKETS[i].lo_mag):
-            lo = min(lo, BUCKETS[i].lo_mag)
+    lo = row[-1]
     absmax = math.nan if has_nan else max(abs(vmin), abs(vmax))
     return TensorSummary(dtype, numel, absmax, vmin, vmax, lo, classes, sampled_n < numel)

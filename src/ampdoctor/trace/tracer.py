@@ -377,26 +377,28 @@ class Tracer:
         self._reset_step()
         if not pending and not scal:
             return
-        f64 = torch.float64 if not any(p.mm.device.type == "mps" for p in pending) else torch.float32
         parts = []
-        for p in pending:
-            parts.append(p.mm.to(f64))
-            parts.append(p.counts.to(f64))
+        by_device: dict[torch.device, list[int]] = {}
+        for i, p in enumerate(pending):
+            by_device.setdefault(p.mm.device, []).append(i)
+        order = [i for dev in sorted(by_device, key=str) for i in by_device[dev]]
+        for dev in sorted(by_device, key=str):
+            idx = by_device[dev]
+            parts.append(st.reduce([pending[i].mm for i in idx], [pending[i].counts for i in idx]))
         for before, found, after in scal:
             z = torch.zeros((), device=before.device, dtype=before.dtype) if found is None else found
-            parts.append(torch.stack([before.reshape(()).to(f64), z.reshape(()).to(f64), after.reshape(()).to(f64)]))
-        devices = {x.device for x in parts}
-        if len(devices) > 1:  # tensors on several devices: gather them on one first
-            dev = sorted(devices, key=str)[0]
-            parts = [x.to(dev, non_blocking=True) for x in parts]
+            parts.append(torch.stack([before.reshape(()).double(), z.reshape(()).double(), after.reshape(()).double()]))
+        if len({x.device for x in parts}) > 1:  # several devices: gather them on one first
+            dev = sorted({x.device for x in parts}, key=str)[0]
+            parts = [x.to(dev, non_blocking=True).double() for x in parts]
         values = torch.cat(parts).tolist()  # the single device-to-host transfer of this step
         self.transfers += 1
-        summaries: list[st.TensorSummary] = []
+        summaries: list[st.TensorSummary] = [None] * len(pending)  # type: ignore[list-item]
         pos = 0
-        for p in pending:
-            summaries.append(st.summarise(p.dtype, values[pos: pos + 2], values[pos + 2: pos + 2 + st.NBUCKETS],
-                                          p.numel, p.sampled))
-            pos += 2 + st.NBUCKETS
+        for i in order:
+            p = pending[i]
+            summaries[i] = st.summarise(p.dtype, values[pos: pos + st.ROW], p.numel, p.sampled)
+            pos += st.ROW
             self.dtypes_seen.add(p.dtype)
         rec = StepRecord(step)
         for _ in scal:
