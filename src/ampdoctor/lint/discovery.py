@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -85,8 +86,12 @@ class _GitIgnores:
         for f in (directory / ".gitignore", extra):
             if f is None:
                 continue
-            try:
-                lines = f.read_text("utf-8", "replace").splitlines()
+            try:  # not waiting on a FIFO, not reading a device
+                fd = os.open(f, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+                with open(fd, "rb") as fh:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        continue
+                    lines = fh.read().decode("utf-8", "replace").splitlines()
             except OSError:
                 continue
             out.append((directory, pathspec.GitIgnoreSpec.from_lines(lines)))
@@ -215,8 +220,15 @@ def _walk(top: Path, finder: Finder, opts: ExcludeOptions, gitignores: _GitIgnor
                     continue
                 subdirs.append(e.path)
             elif e.name.endswith(SUFFIXES):
-                if is_link and e.is_dir():
+                try:
+                    link_to_dir = is_link and e.is_dir()
+                    regular = e.is_file()
+                except OSError:  # a symlink loop: reading it reports the problem
+                    link_to_dir = regular = False
+                if link_to_dir:
                     continue  # never follow links to folders (loops)
+                if not regular and (not is_link or os.path.exists(e.path)):
+                    continue  # a FIFO, socket or device: reading it would block or never end
                 if excluded(e.path, e.name, False):
                     continue
                 add(Path(e.path), cfg)

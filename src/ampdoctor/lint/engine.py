@@ -284,6 +284,13 @@ _NEWLINE = re.compile(r"\r\n|\r|\n")
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 
 
+def _keep_final_cr(old: str, new: str) -> str:
+    """libcst drops the line break at the end of a file whose lines end with a lone CR; put it back."""
+    if old.endswith("\r") and new and not new.endswith(("\r", "\n")):
+        return new + "\r"
+    return new
+
+
 def text_edits(old: str, new: str) -> tuple[Edit, ...]:
     """Minimal edits turning ``old`` into ``new``: changed line blocks, trimmed to the characters."""
     a = _LINE.findall(old)
@@ -405,7 +412,7 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
         info = infos[rep.rule.code]
         fix = None
         if rep.fix is not None and settings.want_edits:
-            new_code = apply_fixes(module, [rep.fix])
+            new_code = _keep_final_cr(text, apply_fixes(module, [rep.fix]))
             edits = text_edits(text, new_code)
             if edits:
                 fix = Fix(rep.fix.title or rep.rule.fix_title or "Apply fix",
@@ -577,7 +584,7 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
             chosen = _select_non_overlapping(candidates, allow_unsafe)
             if not chosen:
                 break
-            new_text = apply_fixes(passed.module, chosen)
+            new_text = _keep_final_cr(current, apply_fixes(passed.module, chosen))
             if new_text == current:
                 break
             probe_errors: list[Diagnostic] = []

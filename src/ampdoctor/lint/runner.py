@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import stat
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -107,8 +108,21 @@ def rules_fingerprint() -> str:
 
 
 def _read(path: Path) -> bytes | str:
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read (a
+    # FIFO or a device such as /dev/zero would block or never end)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except IsADirectoryError:
+        return "it is a folder"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                return "it is a folder"
+            if not stat.S_ISREG(mode):
+                return "not a regular file"
             return f.read()
     except IsADirectoryError:
         return "it is a folder"
