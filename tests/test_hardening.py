@@ -432,10 +432,16 @@ def test_unreadable_file(proj, monkeypatch):
         Path("locked").chmod(0o755)
 
 
-def lint_process(args, cwd, timeout=120):
-    """``python -m ampdoctor lint`` in a subprocess (so that a hang fails the test instead of the run)."""
+# the installed console script: ``python -m`` would put the linted folder first on sys.path
+AMPDOCTOR = [str(Path(sys.executable).with_name("ampdoctor"))]
+if not Path(AMPDOCTOR[0]).exists():  # pragma: no cover - not installed as a script
+    AMPDOCTOR = [sys.executable, "-P", "-m", "ampdoctor"]
+
+
+def lint_process(args, cwd, timeout=120, cache=False):
+    """``ampdoctor lint`` in a subprocess (so that a hang fails the test instead of the run)."""
     try:
-        out = subprocess.run([sys.executable, "-m", "ampdoctor", "lint", "--no-cache", "--format", "concise",
+        out = subprocess.run([*AMPDOCTOR, "lint", *([] if cache else ["--no-cache"]), "--format", "concise",
                               *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"ampdoctor lint {' '.join(args)} hung for {timeout} s")
@@ -584,3 +590,279 @@ def test_bad_usage_is_exit_2_without_traceback(proj):
 def test_binary_on_standard_input(proj):
     r = lint(["-"], input=b"scaler.step(opt)\n\xff\xfe\x00", expect_exit=1)
     assert found(r) == ["-:1 AMP002"]
+
+
+# -- nothing lost ---------------------------------------------------------------------------------
+
+def test_fix_is_atomic_keeps_mode_and_owner(proj):
+    p = Path("good.py")
+    p.chmod(0o751)
+    if os.geteuid() == 0:
+        os.chown(p, 4321, 4322)
+    inode = p.stat().st_ino
+    lint(["--fix", "--unsafe-fixes", "good.py"], expect_exit=0)
+    st = p.stat()
+    assert p.read_text() == RIGHT
+    assert stat.S_IMODE(st.st_mode) == 0o751
+    assert st.st_ino != inode  # replaced by a rename, not rewritten in place
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (4321, 4322)
+    assert sorted(x.name for x in proj.iterdir()) == ["good.py"]  # no temporary files left
+
+
+def test_a_failed_write_leaves_the_file_and_reports_what_is_in_it(proj, monkeypatch):
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    r = lint(["--fix", "--unsafe-fixes", "good.py"], expect_exit=1)
+    assert Path("good.py").read_text() == WRONG
+    assert found(r) == ["good.py:1 AMP002", *GOOD]  # the findings are still reported
+    assert "cannot write the fixed file: No space left on device" in r.stdout
+    assert "Fixed" not in r.stdout
+    assert sorted(x.name for x in proj.iterdir()) == ["good.py"]
+
+
+def test_fix_does_not_write_through_or_replace_a_symlink(proj):
+    """Replacing a link turned it into a copy (the file it pointed to kept the bug)."""
+    outside = proj / "outside"
+    outside.mkdir()
+    (outside / "real.py").write_text(WRONG)
+    Path("pkg").mkdir()
+    os.symlink(outside / "real.py", "pkg/link.py")
+    r = lint(["--fix", "--unsafe-fixes", "pkg"], expect_exit=1)
+    assert Path("pkg/link.py").is_symlink()
+    assert (outside / "real.py").read_text() == WRONG
+    assert "pkg/link.py:1:1: AMP002 cannot write the fixed file: it is a symbolic link" in r.stdout
+    assert found(r) == ["pkg/link.py:1 AMP002", "pkg/link.py:7 AMP101", "pkg/link.py:8 AMP401"]
+
+
+def test_fix_does_not_bypass_a_read_only_file(proj):
+    """The rename used to replace files whose permissions say they are not to be written."""
+    Path("good.py").chmod(0o444)
+    r = lint(["--fix", "--unsafe-fixes", "good.py"], expect_exit=1)
+    assert Path("good.py").read_text() == WRONG
+    assert "cannot write the fixed file: it is read-only" in r.stdout
+    assert found(r) == ["good.py:1 AMP002", *GOOD]
+
+
+def test_fix_never_touches_broken_files_or_files_outside_the_paths(proj):
+    Path("pkg").mkdir()
+    Path("pkg/broken.py").write_text(WRONG + "def (:\n")
+    Path("pkg/named.py").write_text(WRONG)
+    Path("pkg/other.py").write_text(WRONG)
+    Path("pkg/.venv").mkdir()
+    Path("pkg/.venv/pyvenv.cfg").write_text("")
+    Path("pkg/.venv/lib.py").write_text(WRONG)
+    Path("pkg/excluded").mkdir()
+    Path("pkg/excluded/ex.py").write_text(WRONG)
+    Path("pyproject.toml").write_text('[tool.ampdoctor]\nextend-exclude = ["pkg/excluded/"]\n')
+    before = {p: p.read_bytes() for p in Path(".").rglob("*.py")}
+    r = lint(["--fix", "--unsafe-fixes", "pkg/named.py", "pkg/broken.py"], expect_exit=1)
+    assert found(r) == ["pkg/broken.py:9 AMP000"]
+    after = {p: p.read_bytes() for p in Path(".").rglob("*.py")}
+    assert {p for p in before if before[p] != after[p]} == {Path("pkg/named.py")}
+    r = lint(["--fix", "--unsafe-fixes", "--force-exclude", "pkg/excluded/ex.py", "pkg"], expect_exit=1)
+    final = {p: p.read_bytes() for p in Path(".").rglob("*.py")}
+    assert {p for p in before if before[p] != final[p]} == {Path("pkg/named.py"), Path("pkg/other.py")}
+
+
+def _snapshot(root: Path) -> dict:
+    return {p: (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_diff_writes_nothing_and_applies_cleanly(proj, newline):
+    src = ("import torch\n\x0c\n# \x1c \x85 \u2028 odd characters\n" + WRONG.replace(
+        "    torch.cuda.empty_cache()", "    x = 1  # \x1c \x85 \u2028 \x0c\n    torch.cuda.empty_cache()"
+    )).replace("\n", newline)
+    Path("odd.py").write_bytes(src.encode())
+    Path("broken.py").write_text(WRONG + "def (:\n")
+    before = _snapshot(proj)
+    r = CliRunner().invoke(main, ["lint", "--diff", "--unsafe-fixes", "."])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert _snapshot(proj) == before  # no file written, no cache folder, no temporary file
+    diff = r.stdout_bytes  # (Result.stdout turns CRLF into LF)
+    assert b"\\ No newline at end of file" not in diff
+    assert diff.count(b"--- a/") == 2  # good.py and odd.py; never the broken file
+    if shutil.which("patch") is None:  # pragma: no cover
+        pytest.skip("patch is not installed")
+    out = subprocess.run(["patch", "-p1", "--binary"], input=diff, cwd=proj, capture_output=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert b"offset" not in out.stdout and b"fuzz" not in out.stdout, out.stdout
+    assert Path("good.py").read_text() == RIGHT
+    fixed = lint_bytes("odd.py", src.encode(), UNSAFE).fixed
+    assert fixed is not None and b"\x1c" in fixed
+    assert Path("odd.py").read_bytes() == fixed
+
+
+def _copy_corpus(root: Path, n: int) -> None:
+    files = sorted((FIXTURES / "lint").glob("*.py")) + sorted((FIXTURES / "fix").glob("*.py"))
+    for i in range(n):
+        d = root / f"d{i % 7}"
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copy(files[i % len(files)], d / f"f{i}.py")
+
+
+def test_concurrent_runs_share_a_cache_without_corrupting_it(tmp_path):
+    corpus = tmp_path / "corpus"
+    _copy_corpus(corpus, 300)
+    cache = tmp_path / "cache"
+    base = [sys.executable, "-m", "ampdoctor", "lint", "--format", "json", "--select", "ALL", "corpus"]
+    reference = subprocess.run(base + ["--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert reference.returncode in (1, 2) and "Traceback" not in reference.stderr
+    assert json.loads(reference.stdout)["summary"]["files"] == 300
+    cmd = base + ["--cache-dir", str(cache), "-j", "2"]
+    for round_ in range(3):
+        if round_ == 1:  # a half-filled cache: each process reads a different state
+            for f in list(corpus.rglob("f1*.py"))[:40]:
+                f.write_text(f.read_text() + "\n# changed\n")
+            reference = subprocess.run(base + ["--no-cache"], cwd=tmp_path, capture_output=True, text=True,
+                                       timeout=300)
+        procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (stdout, stderr) in zip(procs, outs):
+            assert "Traceback" not in stderr and p.returncode == reference.returncode, stderr
+            assert stdout == reference.stdout
+        [cache_file] = [f for f in cache.iterdir() if f.suffix == ".json"]
+        doc = json.loads(cache_file.read_text())
+        assert isinstance(doc["files"], dict) and doc["files"]
+        assert not [f for f in cache.iterdir() if f.name.startswith(".tmp-")]
+    third = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert third.stdout == reference.stdout and third.returncode == reference.returncode
+
+
+@pytest.mark.parametrize("damage", [
+    lambda e: "not a list",
+    lambda e: [e[0]],
+    lambda e: [e[0], "diagnostics"],
+    lambda e: [e[0], [5]],
+    lambda e: [e[0], [{"code": "AMP101"}]],
+    lambda e: [e[0], [dict(e[1][0], line="7")]],
+    lambda e: [e[0], [dict(e[1][0], line=None)]],
+    lambda e: [e[0], [dict(e[1][0], message=["x"])]],
+    lambda e: [e[0], [dict(e[1][0], severity="fatal")]],
+    lambda e: [e[0], [dict(e[1][0], fix={"title": "x"})]],
+    lambda e: [e[0], [dict(e[1][0], path=7)]],
+    lambda e: [e[0], [dict(e[1][0], column=-3)]],
+])
+def test_a_corrupted_cache_entry_is_ignored_and_rewritten(proj, damage):
+    args = ["lint", "--format", "concise", "good.py"]
+    first = CliRunner().invoke(main, args)
+    [cache_file] = [f for f in (proj / ".ampdoctor_cache").iterdir() if f.suffix == ".json"]
+    doc = json.loads(cache_file.read_text())
+    key = str((proj / "good.py").resolve())
+    good_entry = doc["files"][key]
+    doc["files"][key] = damage(good_entry)
+    cache_file.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, args)
+    assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception, SystemExit)
+    assert (r.exit_code, r.stdout) == (first.exit_code, first.stdout)
+    assert json.loads(cache_file.read_text())["files"][key] == good_entry
+
+
+@pytest.mark.parametrize("garbage", [b"", b"{not json", b"[]", b'{"version": 1}', b"\xff\xfe\x00",
+                                     b'{"version": "%s", "files": []}', b'{"version": "%s", "files": {"x": 1}}'])
+def test_a_corrupted_cache_file_is_ignored_and_rewritten(proj, garbage):
+    from ampdoctor import __version__
+    args = ["lint", "--format", "concise", "good.py"]
+    first = CliRunner().invoke(main, args)
+    [cache_file] = [f for f in (proj / ".ampdoctor_cache").iterdir() if f.suffix == ".json"]
+    cache_file.write_bytes(garbage.replace(b"%s", __version__.encode()))
+    r = CliRunner().invoke(main, args)
+    assert (r.exit_code, r.stdout) == (first.exit_code, first.stdout)
+    assert str((proj / "good.py").resolve()) in json.loads(cache_file.read_text())["files"]
+
+
+def test_cached_results_carry_this_runs_paths(proj):
+    """The cache is shared by runs from any folder of the project: a run from a subfolder used to
+    report the paths of the run that filled the cache."""
+    Path("pyproject.toml").write_text("[tool.ampdoctor]\nignore = []\n")
+    Path("pkg").mkdir()
+    shutil.move("good.py", "pkg/good.py")
+    r = CliRunner().invoke(main, ["lint", "--format", "concise", "pkg"])
+    assert "pkg/good.py:7:5: AMP101" in r.stdout
+    os.chdir("pkg")
+    for fmt, expected in (("concise", "good.py:7:5: AMP101"), ("github", "file=good.py,line=7")):
+        r = CliRunner().invoke(main, ["lint", "--format", fmt, "."])
+        assert expected in r.stdout and "pkg/good.py" not in r.stdout, r.stdout
+    assert (proj / ".ampdoctor_cache").is_dir() and not Path(".ampdoctor_cache").exists()
+
+
+# -- security ------------------------------------------------------------------------------------------
+
+def test_linting_never_imports_or_runs_the_code(proj):
+    marker = proj / "MARKER"
+    payload = f"open({str(marker)!r}, 'w').write('ran')\n"
+    Path("evil.py").write_text(
+        f"import os\n{payload}"
+        "import torch\n"
+        f"class Meta(type):\n    def __init__(cls, *a):\n        {payload}"
+        f"def __getattr__(name):\n    {payload}"
+        "for batch in loader:\n    loss.backward()\n    torch.cuda.empty_cache()\n"
+        f"if __name__ == '__main__':\n    {payload}")
+    Path("conftest.py").write_text(payload + "scaler.step(opt)\n")
+    Path("setup.py").write_text(payload + "scaler.step(opt)\n")
+    Path("__init__.py").write_text(payload + "scaler.step(opt)\n")
+    Path("sitecustomize.py").write_text(payload)
+    Path("torch.py").write_text(payload)   # shadowing what a linter might import
+    Path("libcst.py").write_text(payload)
+    Path("pyproject.toml").write_text("[tool.ampdoctor]\nextend-select = ['AMP003']\n")
+    for args in (["."], ["--fix", "--unsafe-fixes", "."], ["--diff", "."], ["--format", "json", "."],
+                 ["--select", "ALL", "--format", "sarif", "."]):
+        out = lint_process(args, proj)
+        assert out.returncode in (0, 1, 2), out.stderr
+        assert not marker.exists(), f"linting ran the code: {args}"
+    r = lint(["--stdin-filename", "evil.py", "-"], input=Path("evil.py").read_text())
+    assert not marker.exists()
+    assert r.exit_code in (0, 1)
+
+
+def test_the_cache_never_writes_through_a_symlinked_folder(proj):
+    outside = proj.parent / (proj.name + "-outside")
+    outside.mkdir()
+    (outside / "keep.txt").write_text("precious")
+    os.symlink(outside, proj / ".ampdoctor_cache")
+    before = _snapshot(outside)
+    for _ in range(2):
+        r = lint_process(["--format", "concise", "good.py"], proj, cache=True)
+        assert r.returncode == 1 and "good.py:7:5: AMP101" in r.stdout
+    assert _snapshot(outside) == before
+    # a broken link to a folder that does not exist yet is not created either
+    os.unlink(proj / ".ampdoctor_cache")
+    os.symlink(outside / "new", proj / ".ampdoctor_cache")
+    lint_process(["good.py"], proj, cache=True)
+    assert not (outside / "new").exists()
+    shutil.rmtree(outside)
+
+
+def test_the_cache_never_writes_through_a_symlinked_cache_file(proj):
+    r = lint_process(["good.py"], proj, cache=True)
+    cache = proj / ".ampdoctor_cache"
+    [cache_file] = [f for f in cache.iterdir() if f.suffix == ".json"]
+    outside = proj.parent / (proj.name + "-target.json")
+    outside.write_text("do not touch")
+    cache_file.unlink()
+    os.symlink(outside, cache_file)
+    Path("good.py").write_text(WRONG + "\n")  # something new to cache
+    for args in (["good.py"], ["--fix", "--unsafe-fixes", "good.py"]):
+        r = lint_process(args, proj, cache=True)
+        assert r.returncode in (0, 1), r.stderr
+        assert outside.read_text() == "do not touch"
+        assert cache_file.is_symlink()
+    # a dangling link as the cache file: nothing is created where it points
+    outside.unlink()
+    Path("good.py").write_text(WRONG + "\n\n")
+    lint_process(["good.py"], proj, cache=True)
+    assert not outside.exists()
+
+
+def test_the_cache_in_a_file_or_an_unwritable_place_is_skipped(proj):
+    Path(".ampdoctor_cache").write_text("not a folder")
+    r = lint_process(["--format", "concise", "good.py"], proj, cache=True)
+    assert r.returncode == 1 and "good.py:7:5: AMP101" in r.stdout and r.stderr == ""
+    assert Path(".ampdoctor_cache").read_text() == "not a folder"
+    r = lint_process(["--format", "concise", "--cache-dir", "/proc/ampdoctor-cache", "good.py"], proj, cache=True)
+    assert r.returncode == 1 and "good.py:7:5: AMP101" in r.stdout and r.stderr == ""

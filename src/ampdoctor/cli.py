@@ -6,6 +6,7 @@ import difflib
 import io
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -213,6 +214,9 @@ def _progress(total: int, quiet: bool):
     return (lambda n: prog.advance(task, n)), prog.stop
 
 
+_DIFF_LINE = re.compile(r"[^\n]*\n|[^\n]+")
+
+
 def _diff_text(result, sources: dict[str, str]) -> str:
     from ampdoctor.lint.engine import decode
 
@@ -232,7 +236,9 @@ def _diff_text(result, sources: dict[str, str]) -> str:
             new = decode(r.fixed)[0]
         except Exception:
             continue
-        chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+        # lines end at "\n" only, as for diff and patch (splitlines also splits at form feeds,
+        # \x1c-\x1e, \x85, \u2028, ... and the diff then does not apply)
+        chunks.extend(difflib.unified_diff(_DIFF_LINE.findall(old), _DIFF_LINE.findall(new),
                                            fromfile=f"a/{r.path}", tofile=f"b/{r.path}"))
     return "".join(c if c.endswith("\n") else c + "\n\\ No newline at end of file\n" for c in chunks)
 

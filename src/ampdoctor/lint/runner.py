@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import hashlib
 import multiprocessing
 import os
@@ -145,14 +147,28 @@ def _work_chunk(items: list[tuple[str, str, Settings]]) -> list[FileResult]:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Replace a file's content atomically, keeping its permission bits."""
-    mode = os.stat(path).st_mode & 0o7777
+    """Replace a file's content atomically, keeping its permission bits and owner.
+
+    A symbolic link is not written (replacing it would turn the link into a copy, writing
+    through it would change a file that may lie outside the linted paths), nor is a read-only
+    file (the rename would bypass the protection)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise OSError(errno.EPERM, "it is a symbolic link (fix the file it points to)")
+    mode = st.st_mode & 0o7777
+    if not mode & 0o222 or not os.access(path, os.W_OK):
+        raise OSError(errno.EACCES, "it is read-only")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".ampdoctor-tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if hasattr(os, "chown") and (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+            try:
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except OSError:
+                pass  # not allowed to give the file away: it keeps our ownership
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -187,11 +203,8 @@ def run(
                 key = cache_mod.content_key(data, skey + ("E" if settings.want_edits else ""))
                 keys[t.display] = key
                 hit = cache.get(str(t.path), key)
-                if hit is not None and not (fixing and any(d.get("fix") for d in hit)):
-                    try:
-                        diags = [Diagnostic.from_dict(d) for d in hit]
-                    except (KeyError, TypeError, ValueError):
-                        diags = None
+                if hit is not None and not (fixing and any(isinstance(d, dict) and d.get("fix") for d in hit)):
+                    diags = _from_cache(hit, t.display)
                     if diags is not None:
                         out.results.append(FileResult(t.display, diags))
                         out.cached += 1
@@ -204,19 +217,41 @@ def run(
     by_display = {t.display: t for t in targets}
     for r in results:
         t = by_display[r.path]
+        write_failed = False
         if r.fixed is not None and write_fixes:
             try:
                 write_atomic(t.path, r.fixed)
             except OSError as exc:
+                # the file is as it was: report what is in it, not what the fixes left
+                settings = resolver.for_file(t.path, t.config)
+                r = _work((r.path, str(t.path), dataclasses.replace(settings, fix=None)))
                 r.diagnostics.append(diag_at(r.path, READ_ERROR, 1, 1, f"cannot write the fixed file: {exc.strerror}"))
-                r.fixes_applied = 0
-        if cache is not None and r.path in keys and r.fixed is None and not r.internal_error:
+                r.diagnostics.sort()
+                write_failed = True
+        if cache is not None and r.path in keys and r.fixed is None and not r.internal_error and not write_failed:
             cache.put(str(t.path), keys[r.path], [d.to_dict() for d in r.diagnostics])
         out.results.append(r)
     if cache is not None:
         cache.save()
     out.results.sort(key=lambda r: r.path)
     return out
+
+
+def _from_cache(hit: list, display: str) -> list[Diagnostic] | None:
+    """A cache entry's diagnostics, or None when the entry is damaged (it is then linted again).
+
+    The entry was written from wherever that run started: its paths are made this run's."""
+    try:
+        diags = [Diagnostic.from_dict(d) for d in hit]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    for d in diags:
+        if not (type(d.line) is int and type(d.column) is int and type(d.end_line) is int
+                and type(d.end_column) is int and d.line >= 1 and d.column >= 1
+                and all(isinstance(v, str) for v in (d.path, d.code, d.name, d.message))
+                and (d.fix_title is None or isinstance(d.fix_title, str))):
+            return None
+    return [d if d.path == display else dataclasses.replace(d, path=display) for d in diags]
 
 
 def _execute(todo: list[tuple[str, str, Settings]], jobs: int | None, progress) -> list[FileResult]:
