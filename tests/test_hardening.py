@@ -706,32 +706,38 @@ def _copy_corpus(root: Path, n: int) -> None:
 
 
 def test_concurrent_runs_share_a_cache_without_corrupting_it(tmp_path):
+    """Two runs at once on a few hundred files with one --cache-dir: from an empty cache, a full
+    one, and one where part of the files changed. The last writer wins; nothing is corrupted."""
     corpus = tmp_path / "corpus"
-    _copy_corpus(corpus, 300)
+    _copy_corpus(corpus, 240)
     cache = tmp_path / "cache"
-    base = [sys.executable, "-m", "ampdoctor", "lint", "--format", "json", "--select", "ALL", "corpus"]
-    reference = subprocess.run(base + ["--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert reference.returncode in (1, 2) and "Traceback" not in reference.stderr
-    assert json.loads(reference.stdout)["summary"]["files"] == 300
-    cmd = base + ["--cache-dir", str(cache), "-j", "2"]
+    base = [*AMPDOCTOR, "lint", "--format", "json", "--select", "ALL", "-j", "2", "corpus"]
+
+    def reference():
+        out = subprocess.run(base + ["--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert out.returncode in (1, 2) and "Traceback" not in out.stderr
+        assert json.loads(out.stdout)["summary"]["files"] == 240
+        return out
+
+    expected = reference()
+    cmd = base + ["--cache-dir", str(cache)]
     for round_ in range(3):
-        if round_ == 1:  # a half-filled cache: each process reads a different state
-            for f in list(corpus.rglob("f1*.py"))[:40]:
+        if round_ == 2:  # part of the files changed: each process meets a half-valid cache
+            for f in sorted(corpus.rglob("f1*.py"))[:40]:
                 f.write_text(f.read_text() + "\n# changed\n")
-            reference = subprocess.run(base + ["--no-cache"], cwd=tmp_path, capture_output=True, text=True,
-                                       timeout=300)
+            expected = reference()
         procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(2)]
         outs = [p.communicate(timeout=300) for p in procs]
         for p, (stdout, stderr) in zip(procs, outs):
-            assert "Traceback" not in stderr and p.returncode == reference.returncode, stderr
-            assert stdout == reference.stdout
+            assert "Traceback" not in stderr and p.returncode == expected.returncode, stderr
+            assert stdout == expected.stdout
         [cache_file] = [f for f in cache.iterdir() if f.suffix == ".json"]
         doc = json.loads(cache_file.read_text())
-        assert isinstance(doc["files"], dict) and doc["files"]
+        assert isinstance(doc["files"], dict) and len(doc["files"]) >= 200
         assert not [f for f in cache.iterdir() if f.name.startswith(".tmp-")]
     third = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert third.stdout == reference.stdout and third.returncode == reference.returncode
+    assert (third.returncode, third.stdout) == (expected.returncode, expected.stdout)
 
 
 @pytest.mark.parametrize("damage", [
@@ -866,3 +872,16 @@ def test_the_cache_in_a_file_or_an_unwritable_place_is_skipped(proj):
     assert Path(".ampdoctor_cache").read_text() == "not a folder"
     r = lint_process(["--format", "concise", "--cache-dir", "/proc/ampdoctor-cache", "good.py"], proj, cache=True)
     assert r.returncode == 1 and "good.py:7:5: AMP101" in r.stdout and r.stderr == ""
+
+
+def test_no_thread_for_deep_nesting_is_a_diagnostic_not_a_crash(monkeypatch):
+    import threading
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    limit = sys.getrecursionlimit()
+    r = lint_bytes("deep.py", (LOOP + "x = " + "+".join(["a"] * 1000) + "\n").encode(), ALL)
+    assert messages(r, "AMP001") == ["the file is nested too deeply to be checked"]
+    assert sys.getrecursionlimit() == limit

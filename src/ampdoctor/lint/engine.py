@@ -535,14 +535,14 @@ def _lint_deep(path: str, data: bytes, settings: Settings) -> FileResult:
     except (ValueError, RuntimeError):  # pragma: no cover - a platform without settable stacks
         return too_deep
     try:
-        sys.setrecursionlimit(max(old_limit, DEEP_RECURSION_LIMIT))
         thread = threading.Thread(target=work, name="ampdoctor-deep", daemon=True)
+        sys.setrecursionlimit(max(old_limit, DEEP_RECURSION_LIMIT))
         thread.start()
+        thread.join()
+    except RuntimeError:  # no thread (a memory limit): the file is reported, the run goes on
+        return too_deep
     finally:
         threading.stack_size(old_size)
-    try:
-        thread.join()
-    finally:
         sys.setrecursionlimit(old_limit)
     return box[0] if box else too_deep
 
