@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -86,7 +87,8 @@ def main() -> None:
     listing = work / "files.txt"
     listing.write_text("\n".join(str(p) for p in files))
     sample = files[:: args.slow_sample]
-    sample_dir = work / "sample"
+    # outside the repository: Fixit skips files that a .gitignore above them ignores
+    sample_dir = Path(tempfile.mkdtemp(prefix="ampdoctor-bench-sample-"))
     for i, p in enumerate(sample):
         dst = sample_dir / f"{i:05d}_{p.name}"
         dst.parent.mkdir(parents=True, exist_ok=True)
