@@ -885,3 +885,48 @@ def test_no_thread_for_deep_nesting_is_a_diagnostic_not_a_crash(monkeypatch):
     r = lint_bytes("deep.py", (LOOP + "x = " + "+".join(["a"] * 1000) + "\n").encode(), ALL)
     assert messages(r, "AMP001") == ["the file is nested too deeply to be checked"]
     assert sys.getrecursionlimit() == limit
+
+
+@pytest.mark.parametrize("fmt", ["text", "concise", "json", "sarif", "github"])
+def test_every_format_copes_with_a_folder_of_hostile_files(proj, fmt):
+    files = {
+        "binary.py": bytes(range(256)) * 4 + b"scaler.step(opt)",
+        "utf8_bad.py": WRONG.encode() + b"# \xff\n",
+        "latin.py": ("# coding: latin-1\n# \xe9\n" + WRONG).encode("latin-1"),
+        "bom.py": b"\xef\xbb\xbf" + WRONG.encode(),
+        "crlf.py": WRONG.replace("\n", "\r\n").encode(),
+        "cr.py": WRONG.replace("\n", "\r").encode(),
+        "ff.py": ("\x0c\n\t\n" + WRONG).encode(),
+        "nul.py": b"scaler.step(opt)\x00\n",
+        "deep.py": ("scaler.step(opt)\nx = " + "[" * 1000 + "]" * 1000 + "\n").encode(),
+        "eof.py": b"import torch\nfor batch in loader:\n    torch.cuda.empty_cache(\n",
+        "empty.py": b"",
+        "wide.py": (WRONG.replace("loss = model(batch)", "loss = model(batch)  # " + "\u4e2d" * 5000)).encode(),
+    }
+    for name, data in files.items():
+        Path(name).write_bytes(data)
+    os.symlink("nowhere.py", "broken.py")
+    os.symlink("loop2.py", "loop1.py")
+    os.symlink("loop1.py", "loop2.py")
+    os.mkfifo("fifo.py")
+    r = CliRunner().invoke(main, ["lint", "--no-cache", "-j", "1", "--format", fmt, "."])
+    assert "Traceback" not in r.output and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+    assert r.exit_code == 1, r.output
+    if fmt in ("json", "sarif"):
+        doc = json.loads(r.stdout)
+        if fmt == "json":
+            paths = {d["path"] for d in doc["diagnostics"]}
+            assert {"binary.py", "utf8_bad.py", "nul.py", "deep.py", "eof.py", "broken.py", "loop1.py"} <= paths
+            assert not [d for d in doc["diagnostics"] if d["code"] == "AMP001"]
+    if fmt in ("concise", "github"):
+        assert all(line.count("\n") == 0 for line in r.stdout.splitlines())
+
+
+@pytest.mark.xfail(strict=True, reason="report/text.py prints the flagged source line as it is: escape sequences "
+                   "in a linted file reach the terminal (not in this change)")
+def test_text_format_does_not_pass_terminal_escapes_through(proj):
+    Path("esc.py").write_text("import torch\nfor batch in loader:\n    loss.backward()\n"
+                              "    torch.cuda.empty_cache()  # \x1b]0;title\x07 \x1b[2J\n")
+    r = CliRunner().invoke(main, ["lint", "--no-cache", "esc.py"])
+    assert r.exit_code == 1
+    assert "\x1b" not in r.stdout
