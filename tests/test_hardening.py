@@ -930,3 +930,34 @@ def test_text_format_does_not_pass_terminal_escapes_through(proj):
     r = CliRunner().invoke(main, ["lint", "--no-cache", "esc.py"])
     assert r.exit_code == 1
     assert "\x1b" not in r.stdout
+
+
+@pytest.mark.parametrize("fmt", ["text", "concise", "json", "sarif", "github"])
+def test_a_console_that_cannot_encode_the_report_still_gets_it(proj, fmt):
+    """An ASCII or cp1252 standard output (a redirect on Windows) ended every run in an internal
+    error: SARIF always has non-ASCII text, and file names may."""
+    Path("café.py").write_text(WRONG)
+    out = subprocess.run([*AMPDOCTOR, "lint", "--no-cache", "--format", fmt, "."], cwd=proj,
+                         capture_output=True, env=dict(os.environ, PYTHONIOENCODING="ascii"), timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert b"Traceback" not in out.stderr and b"internal error" not in out.stderr
+    if fmt in ("json", "sarif"):
+        doc = json.loads(out.stdout.decode("utf-8"))
+        if fmt == "json":
+            assert {d["path"] for d in doc["diagnostics"]} == {"café.py", "good.py"}
+    else:
+        assert b"good.py" in out.stdout and b"caf" in out.stdout
+
+
+@pytest.mark.parametrize("fmt", ["concise", "json", "sarif"])
+def test_a_file_name_that_is_not_utf8_in_an_output_file(proj, fmt):
+    (proj / os.fsdecode(b"bad\xffname.py")).write_text(WRONG)
+    r = lint(["--format", fmt, "-o", "report.out", "."], expect_exit=1)
+    text = Path("report.out").read_text("utf-8")
+    if fmt != "concise":
+        doc = json.loads(text)
+        if fmt == "json":
+            assert {d["path"] for d in doc["diagnostics"]} == {"bad\udcffname.py", "good.py"}
+    else:
+        assert "bad\\udcffname.py:7:5: AMP101" in text
+    assert r.stdout == ""

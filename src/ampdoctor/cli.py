@@ -244,15 +244,35 @@ def _diff_text(result, sources: dict[str, str]) -> str:
 
 
 def _emit(text: str, output: str | None) -> None:
+    # a file name that is not valid UTF-8 (kept as surrogates) is written as a \\udcXX escape
     if output:
         try:
-            with open(output, "w", encoding="utf-8") as f:
+            with open(output, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(text)
         except OSError as exc:
             raise AmpdoctorError(f"cannot write {output}: {exc.strerror}") from None
     else:
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+        except UnicodeEncodeError:
+            # standard output cannot encode a character (an ASCII or cp1252 console, a redirect on
+            # Windows): the report is written in UTF-8 rather than lost
+            sys.stdout.flush()
+            buffer = getattr(sys.stdout, "buffer", None)
+            if buffer is None:
+                raise
+            buffer.write(text.encode("utf-8", "backslashreplace"))
         sys.stdout.flush()
+
+
+def _tolerant(stream):
+    """A text stream that escapes the characters it cannot encode instead of failing half-way."""
+    if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):  # pragma: no cover - a stream that cannot be changed
+            pass
+    return stream
 
 
 def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sources, report_to) -> None:
@@ -274,7 +294,7 @@ def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sourc
         from ampdoctor.report import text as text_mod
 
         buf = io.StringIO() if output else None
-        console = _console(buf if buf is not None else (report_to or sys.stdout), force_plain=buf is not None)
+        console = _console(buf if buf is not None else _tolerant(report_to or sys.stdout), force_plain=buf is not None)
         if statistics:
             text_mod.render_statistics(console, diags)
         else:
