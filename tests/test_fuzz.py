@@ -144,14 +144,10 @@ def _apply_edits(text: str, edits) -> str:
     return out
 
 
-# Rule defects the fuzzer found that are not fixed yet (the rules are outside this change). Each
-# is pinned by a strict xfail test below, so its fix is noticed; the fuzzer tolerates one only
-# where disabling that single rule makes the input pass, and counts it.
-KNOWN_DEFECTS = {
-    "AMP101": "its fix inserts `scaler.update()` after the statement line, so with two steps on one line "
-              "(`s.step(o); s.step(o)`, or a step in a lambda) it reports again after every fix and never "
-              "converges (the engine then applies nothing and reports AMP001)",
-}
+# Rule defects the fuzzer found that are not fixed yet: each is pinned by a strict xfail test, so
+# its fix is noticed; the fuzzer tolerates one only where disabling that single rule makes the input
+# pass, and counts it. (AMP101's fix, which never converged with two steps on one line, is fixed.)
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def _without_known_defect(path: str, data: bytes, mode: Settings, kind: str):
@@ -419,12 +415,11 @@ def _rule_classes():
 
 # -- the tests ------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="AMP101: " + KNOWN_DEFECTS["AMP101"])
 @pytest.mark.parametrize("src", [
     "import torch\nscaler = torch.amp.GradScaler()\nscaler.step(optimizer); scaler.step(optimizer)\n",
     "scaler.step(optimizer); x = lambda: scaler.step(optimizer)\n",
 ])
-def test_known_defect_amp101_fix_converges(src):
+def test_amp101_fix_converges_with_two_steps_on_one_line(src):
     r = lint_bytes("a.py", src.encode(), UNSAFE)
     assert not [d.message for d in r.diagnostics if d.code == "AMP001"]
 

@@ -338,8 +338,6 @@ def test_form_feeds_and_tabs(proj):
     assert Path("ff.py").read_text() == src.replace("\t\ttorch.cuda.empty_cache()\n", "\t\tscaler.update()\n")
 
 
-@pytest.mark.xfail(strict=True, reason="report/text.py splits the source with str.splitlines, which also "
-                   "breaks at form feeds: the text format shows the wrong source line (not in this change)")
 def test_text_format_shows_the_right_source_line_after_a_form_feed(proj):
     Path("ff.py").write_text("import torch\n\x0c\nfor batch in loader:\n    loss.backward()\n"
                              "    torch.cuda.empty_cache()\n")
@@ -548,8 +546,6 @@ def test_invalid_config_table_is_one_line_exit_2(proj, toml, message):
     assert r.stdout == ""
 
 
-@pytest.mark.xfail(strict=True, reason="config.load() does not catch UnicodeDecodeError: a pyproject.toml "
-                   "that is not UTF-8 is reported as an internal error (config.py is not in this change)")
 def test_config_that_is_not_utf8_is_a_config_error(proj):
     Path("pyproject.toml").write_bytes(b'[tool.ampdoctor]\nselect = ["\xff"]\n')
     r = lint(["."], expect_exit=2)
@@ -922,8 +918,6 @@ def test_every_format_copes_with_a_folder_of_hostile_files(proj, fmt):
         assert all(line.count("\n") == 0 for line in r.stdout.splitlines())
 
 
-@pytest.mark.xfail(strict=True, reason="report/text.py prints the flagged source line as it is: escape sequences "
-                   "in a linted file reach the terminal (not in this change)")
 def test_text_format_does_not_pass_terminal_escapes_through(proj):
     Path("esc.py").write_text("import torch\nfor batch in loader:\n    loss.backward()\n"
                               "    torch.cuda.empty_cache()  # \x1b]0;title\x07 \x1b[2J\n")

@@ -105,6 +105,8 @@ def load(path: Path) -> Config:
         raise AmpdoctorError(f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise AmpdoctorError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise AmpdoctorError(f"{path}: invalid TOML: the file is not UTF-8") from None
     table = data.get("tool", {}).get("ampdoctor", {}) if isinstance(data.get("tool"), dict) else {}
     return from_table(table, path.parent.resolve(), path)
 

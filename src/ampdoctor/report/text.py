@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Iterable
 
@@ -10,6 +11,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from ampdoctor.diagnostics import Diagnostic, RuleInfo, Severity
+
+_LINES = re.compile(r"\r\n|\r|\n")  # what the parser counts as a line break (not form feeds)
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f] if c != 0x09}  # a linted file must not drive the terminal
+
+
+def _split(text: str) -> list[str]:
+    return _LINES.split(text)
+
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -20,7 +29,7 @@ def _source_line(cache: dict[str, list[str] | None], path: str, line: int) -> st
             with open(path, "rb") as f:
                 data = f.read()
             from ampdoctor.lint.engine import decode
-            cache[path] = decode(data)[0].splitlines()
+            cache[path] = _split(decode(data)[0])
         except Exception:
             cache[path] = None
     lines = cache[path]
@@ -30,7 +39,7 @@ def _source_line(cache: dict[str, list[str] | None], path: str, line: int) -> st
 
 
 def render_diagnostics(console: Console, diags: Iterable[Diagnostic], sources: dict[str, str] | None = None) -> None:
-    cache: dict[str, list[str] | None] = {k: v.splitlines() for k, v in (sources or {}).items()}
+    cache: dict[str, list[str] | None] = {k: _split(v) for k, v in (sources or {}).items()}
     for d in diags:
         style = _STYLE[d.severity]
         console.print(
@@ -41,7 +50,7 @@ def render_diagnostics(console: Console, diags: Iterable[Diagnostic], sources: d
         src = _source_line(cache, d.path, d.line)
         if src is not None:
             gutter = len(str(d.line))
-            src = src.expandtabs(4) if "\t" not in src[: d.column] else src
+            src = (src.expandtabs(4) if "\t" not in src[: d.column] else src).translate(_CONTROL)
             width = (d.end_column - d.column) if d.end_line == d.line else max(1, len(src.rstrip()) - d.column + 1)
             console.print(f"[blue]{' ' * gutter} |[/blue]", highlight=False)
             console.print(f"[blue]{d.line} |[/blue] {escape(src)}", highlight=False, soft_wrap=True)

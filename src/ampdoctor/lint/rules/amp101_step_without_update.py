@@ -91,7 +91,7 @@ class StepWithoutUpdate(Rule):
 
     def _flag(self, e: _Event, message: str) -> None:
         fix = None
-        if e.statement is not None:
+        if e.statement is not None and len(e.statement[0].body) == 1:  # `a; b` lines would never converge
             line, _block = e.statement
             update = cst.parse_statement(f"{e.scaler}.update()\n")
             fix = FixSpec(((line, cst.FlattenSentinel([line, update])),), safe=False,
