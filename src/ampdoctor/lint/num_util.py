@@ -14,7 +14,7 @@ from ampdoctor.lint import tree as _tree
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
-from ampdoctor.lint.rule import Context
+from ampdoctor.lint.rule import Context, Rule
 
 # The smallest positive float16 value (a subnormal). Anything below it is 0 (or that one
 # subnormal) in float16: `torch.tensor(1e-8, dtype=torch.float16) == 0`.
@@ -669,3 +669,24 @@ def _direct_tensor_names(params: cst.BaseExpression) -> list[str]:
                 if isinstance(e, cst.DictElement) and h.string_value(e.key) == "params":
                     stack.append(e.value)
     return out
+
+
+class Fp16ModelRule(Rule):
+    """Base for rules that need to know which models were made float16: feeds an Fp16ModelTracker
+    (``self.t``) from the shared traversal. Not a rule itself (it has no code)."""
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.t = Fp16ModelTracker(ctx)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.t.visit_Name(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.t.visit_Attribute(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.t.visit_Call(node)
+
+    def leave_Assign(self, node: cst.Assign) -> None:
+        self.t.leave_Assign(node)

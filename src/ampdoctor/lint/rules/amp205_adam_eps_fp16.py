@@ -5,12 +5,12 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import num_util as nu
-from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.rule import FixSpec
 
 SAFE_EPS = "1e-4"
 
 
-class AdamEpsFp16(Rule):
+class AdamEpsFp16(nu.Fp16ModelRule):
     """Adam-family optimizer with an eps that is 0 in float16, over float16 parameters."""
 
     code = "AMP205"
@@ -24,22 +24,6 @@ class AdamEpsFp16(Rule):
     words = (b".half", b"float16", b"HalfTensor")
     also = (b"Adam", b"RMSprop", b"Adagrad")
     summary = "Adam/AdamW/RMSprop/Adagrad eps below float16's smallest value on float16 parameters."
-
-    def __init__(self, ctx) -> None:
-        super().__init__(ctx)
-        self.t = nu.Fp16ModelTracker(ctx)
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.t.visit_Name(node)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.t.visit_Attribute(node)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.t.visit_Call(node)
-
-    def leave_Assign(self, node: cst.Assign) -> None:
-        self.t.leave_Assign(node)
 
     def leave_Module(self, node: cst.Module) -> None:
         if self.t.master_weights:

@@ -4,10 +4,9 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import num_util as nu
-from ampdoctor.lint.rule import Rule
 
 
-class Fp16ParamsInOptimizer(Rule):
+class Fp16ParamsInOptimizer(nu.Fp16ModelRule):
     """A model converted to float16 whose parameters an optimizer then trains (no master weights)."""
 
     code = "AMP210"
@@ -19,22 +18,6 @@ class Fp16ParamsInOptimizer(Rule):
     words = (b".half", b"float16")
     also = (b"optim", b"GradScaler", b"Adam", b"SGD")
     summary = "Model converted with `.half()`/`.to(torch.float16)` and then trained by an optimizer."
-
-    def __init__(self, ctx) -> None:
-        super().__init__(ctx)
-        self.t = nu.Fp16ModelTracker(ctx)
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.t.visit_Name(node)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.t.visit_Attribute(node)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.t.visit_Call(node)
-
-    def leave_Assign(self, node: cst.Assign) -> None:
-        self.t.leave_Assign(node)
 
     def leave_Module(self, node: cst.Module) -> None:
         done: set[int] = set()
