@@ -1,7 +1,7 @@
 """Tracer overhead, side by side: untraced vs ampdoctor's Tracer vs HF DebugUnderflowOverflow vs
 torch.autograd.detect_anomaly, on a GPT-like model with eager attention in two sizes.
 
-    python benchmarks/trace_bench.py [--reps 15] [--device cpu|cuda]
+    python benchmarks/trace_bench.py [--reps 15] [--block 5] [--device cpu|cuda] [--only compute|overhead]
 
 Runs inside benchmarks/.venv (created on first use). Times forward + backward + optimizer
 step, interleaving the four configurations, and reports medians after warm-up, the ratio to
@@ -12,6 +12,7 @@ tools; for detect_anomaly, its C++ check of every backward node). Results go to 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -123,7 +124,9 @@ def backward_nodes(loss) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--only", choices=["compute", "overhead"], help="run one of the two sizes")
+    ap.add_argument("--block", type=int, default=5, help="steps per block inside one context")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
     args = ap.parse_args()
@@ -140,8 +143,12 @@ def main() -> None:
              f"Machine: {bench_env.machine()}; torch {torch.__version__}"
              + (f", {torch.cuda.get_device_name()}" if dev.type == "cuda" else "")
              + f", {torch.get_num_threads()} torch threads. Forward+backward+SGD step, fp32 weights with {'fp16' if dev.type == 'cuda' else 'bf16'} "
-               f"autocast, median of {args.reps} interleaved runs after {args.warmup} warm-up runs.", ""]
+               f"autocast. Each tool's context is entered once per block of {args.block} steps and the steps are "
+               f"timed inside it; the blocks of the four configurations are interleaved, {args.reps} blocks each "
+               f"after {args.warmup} warm-up blocks, and the table gives the median step.", ""]
     for label, cfg in SIZES.items():
+        if args.only and not label.startswith(args.only):
+            continue
         torch.manual_seed(0)
         model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"]).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -161,29 +168,37 @@ def main() -> None:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
 
-        def run_plain():
-            step()
+        class HFContext:
+            """DebugUnderflowOverflow for the length of a block (HF keeps its hooks forever)."""
 
-        def run_ours():
-            with Tracer():
-                step()
+            def __enter__(self):
+                self.dbg = DebugUnderflowOverflow(model, max_frames_to_save=21)
 
-        hf_holder = {}
+            def __exit__(self, *exc):
+                for m in model.modules():
+                    m._forward_hooks.clear()
 
-        def run_hf():
-            dbg = DebugUnderflowOverflow(model, max_frames_to_save=21)
-            step()
-            hf_holder["dbg"] = dbg
-            for m in model.modules():  # HF keeps its hooks forever; remove them by hand
-                m._forward_hooks.clear()
-
-        def run_anomaly():
-            with torch.autograd.detect_anomaly(check_nan=True):
-                step()
-
-        configs = {"untraced": run_plain, "ampdoctor Tracer": run_ours, "torch detect_anomaly": run_anomaly}
+        configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer,
+                   "torch detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True)}
         if DebugUnderflowOverflow is not None:
-            configs["HF DebugUnderflowOverflow"] = run_hf
+            configs["HF DebugUnderflowOverflow"] = HFContext
+
+        def block(make, n, counter=None):
+            """Per-step times of n steps inside one context (its set-up and tear-down not timed)."""
+            out = []
+            with make():
+                for _ in range(n):
+                    sync()
+                    t0 = time.perf_counter()
+                    if counter is None:
+                        step()
+                    else:
+                        with counter:
+                            step()
+                    sync()
+                    out.append(time.perf_counter() - t0)
+            return out
+
         times = {k: [] for k in configs}
         import warnings
         warnings.filterwarnings("ignore")
@@ -191,17 +206,14 @@ def main() -> None:
             order = list(configs)
             order = order[rep % len(order):] + order[: rep % len(order)]
             for name in order:
-                sync()
-                t0 = time.perf_counter()
-                configs[name]()
-                sync()
+                t = block(configs[name], args.block)
                 if rep >= args.warmup:
-                    times[name].append(time.perf_counter() - t0)
+                    times[name].extend(t)
         syncs = {}
-        for name, fn in configs.items():
-            with SyncCounter() as c:
-                fn()
-            syncs[name] = str(c.count)
+        for name, make in configs.items():
+            c = SyncCounter()
+            block(make, 3, c)
+            syncs[name] = str(round(c.count / 3))
         with torch.autocast(dev.type, dtype=amp_dtype):
             logits = model(idx)
         nodes = backward_nodes(nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1)))
@@ -214,7 +226,8 @@ def main() -> None:
             lines.append(f"| {name} | {med * 1000:.1f} ms | {med / base:.2f}x | {syncs[name]} |")
         lines.append("")
         print("\n".join(lines[-len(configs) - 4:]), flush=True)
-    bench_env.write_results(f"trace-{args.device}", "\n".join(lines))
+    if not args.only:  # a partial run does not replace the recorded tables
+        bench_env.write_results(f"trace-{args.device}", "\n".join(lines))
 
 
 if __name__ == "__main__":

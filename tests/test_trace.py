@@ -259,6 +259,27 @@ def test_tracing_changes_nothing_bitwise():
     assert shared["calls"] == 9  # twice plus the checkpointed call, three steps; recomputation not counted
 
 
+@pytest.mark.parametrize("value", [
+    0.0, -0.0, 1.0, -3.0, 2.0 ** -25 * 0.9, 2.0 ** -25 * 1.1, 2.0 ** -24, 2.0 ** -14 * 0.99, 2.0 ** -14,
+    6e-5, 65504.0, 65519.0, 65520.0, -65520.0, 1e5, 2.0 ** -126, 7e-39, 3.3e38, 3.4e38, float("inf"),
+    float("-inf"), float("nan")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_value_lands_in_the_class_its_format_gives_it(value, dtype):
+    from ampdoctor.trace import stats as st
+    from ampdoctor.trace.formats import FORMATS
+
+    if dtype == torch.float32 and abs(value) > 3.4028234663852886e38 and value == value and abs(value) != float("inf"):
+        pytest.skip("not a float32")
+    t = torch.tensor([value], dtype=dtype)
+    batch = st.Batch(t.device)
+    n, sampled = batch.add(t)
+    row = batch.rows().tolist()
+    s = st.summarise(str(dtype), row, n, sampled)
+    for name, fmt in FORMATS.items():
+        got = {c for c, k in s.classes[name].items() if k}
+        assert got == {st.classify(float(t[0]), fmt)}, (name, value, s.classes[name])
+
+
 def test_one_transfer_per_step_and_no_per_module_syncs(monkeypatch):
     calls = {"item": 0, "tolist": 0, "cpu": 0, "bool": 0, "numpy": 0}
     originals = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "cpu", "__bool__")}

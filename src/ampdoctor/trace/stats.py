@@ -1,76 +1,59 @@
 """Per-tensor statistics computed on the tensor's device, with no host synchronisation.
 
-Each tensor costs four small ops: ``aminmax`` over the whole tensor (exact extremes; NaN and
-±inf show up there), then ``bucketize`` + ``bincount`` of its values (or of an evenly strided
-sample of at most ``SAMPLE`` values, ``SAMPLE_CPU`` on the CPU, for large tensors) against one set of boundaries that holds
-the fp16 and bf16 overflow, normal, subnormal and flush-to-zero thresholds plus a power-of-two
-grid. The host decodes the bucket counts into classes for either format after the one
-device-to-host copy per optimizer step.
+Each tensor costs a handful of small, branch-free ops: ``aminmax`` over the whole tensor (exact
+extremes; NaN and ±inf show up there), then a count of its values (or of an evenly strided
+sample of at most ``SAMPLE`` values, ``SAMPLE_CPU`` on the CPU, for large tensors) by bucket,
+where a value's bucket is the top ten bits of its float32 pattern: the sign, the exponent and
+the first mantissa bit, so each bucket spans half a binade. Computing the key is a shift, not a
+search, so its cost does not depend on the data. The fp16 and bf16 normal, subnormal and
+flush-to-zero thresholds fall on bucket edges; the two overflow thresholds (65,520 and about
+3.39e38) fall inside a bucket, so which values overflow is settled by the exact extremes. Float32
+subnormals below 2^-127 share the zero bucket. The host decodes the bucket counts into classes
+for either format after the one device-to-host copy per optimizer step.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 
 import torch
 
-from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS, Format
+from ampdoctor.trace.formats import FORMATS, Format
 
-SAMPLE = 1 << 16  # values bucketed per tensor on accelerators
-SAMPLE_CPU = 1 << 12  # CPU bucketize costs ~100 ns a value: a smaller sample keeps it cheap
+SAMPLE = 1 << 16  # values counted per tensor on accelerators
+SAMPLE_CPU = 1 << 10  # on the CPU each value counted costs time the step itself would use
 CLASSES = ("nan", "pinf", "ninf", "overflow", "normal", "subnormal", "flush", "zero")
-_F32_MAX = float(torch.finfo(torch.float32).max)
-
-
-def _below(x: float) -> float:
-    """The largest float32 strictly below x (x > 0)."""
-    t = torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(0.0, dtype=torch.float32))
-    return float(t)
-
-
-def _edges() -> list[float]:
-    pos = {2.0 ** k for k in range(-40, 21)}
-    for f in (FLOAT16, BFLOAT16):
-        pos |= {f.flush, _below(f.smallest_normal), _below(f.overflow)}
-    pos.add(_F32_MAX)
-    pos = {float(torch.tensor(p, dtype=torch.float32)) for p in pos}
-    return sorted({-math.inf, 0.0, math.inf} | pos | {-p for p in pos})
-
-
-EDGES = _edges()
-NBUCKETS = len(EDGES) + 1  # bucketize returns 0..len(EDGES); NaN lands on len(EDGES)
+KEY_SHIFT = 22  # float32 bits >> 22: sign (1 bit), exponent (8), first mantissa bit (1)
+NBUCKETS = 1 << (32 - KEY_SHIFT)
+_KEY_OFFSET = NBUCKETS // 2  # the shift is arithmetic: negative floats give negative keys
 
 
 @dataclass(frozen=True)
 class Bucket:
-    lo_mag: float  # smallest magnitude the bucket can hold (for min_nonzero)
+    lo_mag: float  # smallest magnitude the bucket can hold (for min_nonzero); inf for none
     rep: float  # a value inside the bucket, used to classify it
 
 
-def _buckets() -> list[Bucket]:
-    out = []
-    for i in range(NBUCKETS):
-        if i == 0:
-            out.append(Bucket(math.inf, -math.inf))
-        elif i == len(EDGES):
-            out.append(Bucket(math.nan, math.nan))
-        else:
-            lo, hi = EDGES[i - 1], EDGES[i]
-            if hi == math.inf:
-                out.append(Bucket(math.inf, math.inf))
-            elif lo == -math.inf:
-                out.append(Bucket(abs(hi), hi))
-            elif hi == 0.0:
-                out.append(Bucket(0.0, 0.0))
-            elif lo >= 0.0:
-                out.append(Bucket(lo, (lo + hi) / 2))
-            else:
-                out.append(Bucket(abs(hi), (lo + hi) / 2))
-    return out
+def _float_of(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
-BUCKETS = _buckets()
+def _bucket(key: int) -> Bucket:
+    top = (key - _KEY_OFFSET) & (NBUCKETS - 1)  # the ten top bits of the float32 pattern
+    negative, exponent, half = top >> 9, (top >> 1) & 0xFF, top & 1
+    sign = -1.0 if negative else 1.0
+    if exponent == 0xFF:  # inf (mantissa 0) or NaN (a quiet NaN has the first mantissa bit set)
+        return Bucket(math.inf, math.nan if half else sign * math.inf)
+    if exponent == 0 and not half:  # +-0 and float32 subnormals below 2^-127
+        return Bucket(math.inf, 0.0)
+    lo = abs(_float_of(top << KEY_SHIFT))
+    hi = abs(_float_of((top + 1) << KEY_SHIFT)) if (top + 1) & 0x1FF else math.inf
+    return Bucket(lo, sign * (lo + hi) / 2 if hi != math.inf else sign * lo * 1.25)
+
+
+BUCKETS = [_bucket(k) for k in range(NBUCKETS)]
 
 
 def classify(value: float, fmt: Format) -> str:
@@ -95,37 +78,185 @@ def classify(value: float, fmt: Format) -> str:
 # bucket index -> class index, per format
 CLASS_OF = {name: [CLASSES.index(classify(b.rep, f)) for b in BUCKETS] for name, f in FORMATS.items()}
 
-_BOUNDS: dict[torch.device, torch.Tensor] = {}
-
-
-def bounds_for(device: torch.device) -> torch.Tensor:
-    b = _BOUNDS.get(device)
-    if b is None:
-        b = _BOUNDS[device] = torch.tensor(EDGES, dtype=torch.float32, device=device)
-    return b
-
-
 def measurable(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0 and \
-        t.device.type != "meta" and not t.is_complex()
+    # complex tensors are not floating point
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0 and t.device.type != "meta"
 
 
-def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(min/max as a 2-vector, bucket counts, numel, sampled numel), all on the device."""
-    x = t.detach()
+def _limit(device: torch.device) -> int:
+    return SAMPLE_CPU if device.type == "cpu" else SAMPLE
+
+
+def _sample(x: torch.Tensor) -> torch.Tensor:
+    """The values to count, as a new float32 row of exactly ``_limit`` values: all of the
+    tensor's values, or an evenly strided sample of them for larger tensors, padded with -0.0
+    (the pads are taken off the zero counts later). Always a copy, so a later in-place change of
+    the tensor cannot alter what was measured."""
     n = x.numel()
-    mm = torch.stack(torch.aminmax(x))
-    limit = SAMPLE_CPU if x.device.type == "cpu" else SAMPLE
+    limit = _limit(x.device)
     if n <= limit:
         flat = x.reshape(-1)
-        if not flat.is_contiguous():  # an expanded tensor (stride 0), e.g. the gradient of a sum
-            flat = flat.contiguous()
     elif x.is_contiguous():
-        flat = x.view(-1)[:: -(-n // limit)].contiguous()
+        flat = x.view(-1)[:: -(-n // limit)]
     else:  # gather the sample only: reshape(-1) would copy the whole tensor
         flat = torch.take(x, _sample_index(n, limit, x.device))
-    idx = torch.bucketize(flat, bounds_for(x.device))
-    return mm, _count(idx), n, flat.numel()
+    if flat.numel() == limit:
+        return flat.to(torch.float32, copy=True)
+    if flat.dtype == torch.float64:
+        flat = flat.to(torch.float32)
+    return torch.cat([flat, _pad(x.device)[: limit - flat.numel()]])  # a copy, promoted to float32
+
+
+def _sampled(n: int, limit: int) -> int:
+    """How many values ``_sample`` takes from a tensor of n values."""
+    return n if n <= limit else -(-n // -(-n // limit))
+
+
+_PADS: dict[torch.device, torch.Tensor] = {}
+
+
+def _pad(device: torch.device) -> torch.Tensor:
+    pad = _PADS.get(device)
+    if pad is None:
+        pad = _PADS[device] = torch.full((_limit(device),), -0.0, dtype=torch.float32, device=device)
+    return pad
+
+
+class Batch:
+    """The tensors measured on one device during one step, reduced together.
+
+    Measuring a tensor takes two ops: ``aminmax`` and a float32 copy of (a sample of) its values,
+    one fixed-length row. Bucketing and counting run once per step over all the rows as one
+    matrix; when more than ``HOLD`` values are waiting they are counted early, so the copies held
+    stay small."""
+
+    HOLD = 1 << 22
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.extremes: dict[torch.dtype, list[torch.Tensor]] = {}  # per dtype: min, max, min, max, ...
+        self.dtypes: list[torch.dtype] = []  # of each tensor, in order
+        self.samples: list[torch.Tensor] = []
+        self.lengths: list[int] = []  # values sampled per row (the rest is padding)
+        self.counted: list[torch.Tensor] = []  # [g, formats x classes + 1] of earlier groups
+        self.held = 0
+
+    def __len__(self) -> int:
+        return len(self.dtypes)
+
+    def add(self, t: torch.Tensor) -> tuple[int, int]:
+        """Measure ``t`` (on this batch's device); returns (numel, values counted)."""
+        x = t.detach()
+        ext = self.extremes.get(x.dtype)
+        if ext is None:
+            ext = self.extremes[x.dtype] = []
+        ext.extend(torch.aminmax(x))
+        self.dtypes.append(x.dtype)
+        n = x.numel()
+        limit = _limit(x.device)
+        self.samples.append(_sample(x))
+        m = _sampled(n, limit)
+        self.lengths.append(m)
+        self.held += limit
+        if self.held > self.HOLD:
+            self._count_held()
+        return n, m
+
+    def _count_held(self) -> None:
+        if not self.samples:
+            return
+        k = len(self.samples)
+        rows = torch.cat(self.samples).view(k, -1)
+        self.counted.append(_classes(rows, tuple(self.lengths)))
+        self.samples.clear()
+        self.lengths.clear()
+        self.held = 0
+
+    def rows(self) -> torch.Tensor:
+        """ROW values per tensor, in the order they were added, as one flat vector on the device."""
+        self._count_held()
+        dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        groups = [torch.stack(v).to(dtype) for v in self.extremes.values()]
+        mm = groups[0] if len(groups) == 1 else torch.cat(groups).index_select(0, self._order())
+        counted = self.counted[0] if len(self.counted) == 1 else torch.cat(self.counted)
+        return torch.cat([mm.view(-1, 2), counted.to(dtype)], dim=1).reshape(-1)
+
+    def _order(self) -> torch.Tensor:
+        """Where each (min, max) pair of the per-dtype stacks lands in the order of the tensors."""
+        key = (tuple(self.dtypes), tuple(self.extremes), self.device)
+        order = _ORDERS.get(key)
+        if order is None:
+            start, pos = {}, 0
+            for d, v in self.extremes.items():
+                start[d] = pos
+                pos += len(v)
+            seen = dict.fromkeys(self.extremes, 0)
+            idx = []
+            for d in self.dtypes:
+                i = start[d] + seen[d]
+                seen[d] += 2
+                idx += [i, i + 1]
+            if len(_ORDERS) > 64:
+                _ORDERS.clear()
+            order = _ORDERS[key] = _to_device(torch.tensor(idx, dtype=torch.int64), self.device)
+        return order
+
+
+_ORDERS: dict[tuple, torch.Tensor] = {}
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor copied to ``device`` without making the host wait."""
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def _classes(rows: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
+    """[k, formats x classes + 1] float32 on the device: each row's class counts for every format
+    and the lower magnitude of its smallest nonzero bucket."""
+    k = rows.shape[0]
+    luts = _luts(rows.device)
+    keys = bucket_keys(rows).view(-1)
+    pair = luts.pair.index_select(0, keys).view(k, -1).add_(_row_base(k, rows.device))
+    counts = _count(pair.view(-1), k * _NPAIRS).view(k, len(CLASSES), len(CLASSES)).to(torch.float32)
+    counts[:, _ZERO, _ZERO] -= _pad_counts(lengths, rows.shape[1], rows.device)
+    rank = luts.rank.index_select(0, keys).view(k, -1).amin(dim=1)
+    lowest = luts.magnitude.index_select(0, rank)
+    return torch.cat([counts.sum(dim=2), counts.sum(dim=1), lowest.unsqueeze(1)], dim=1)
+
+
+_NPAIRS = len(CLASSES) ** 2
+_ZERO = CLASSES.index("zero")
+_BASES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _row_base(k: int, device: torch.device) -> torch.Tensor:
+    base = _BASES.get((k, device))
+    if base is None:
+        if len(_BASES) > 64:
+            _BASES.clear()
+        base = _BASES[(k, device)] = (torch.arange(k, dtype=torch.int32, device=device) * _NPAIRS).unsqueeze(1)
+    return base
+
+
+_PAD_COUNTS: dict[tuple, torch.Tensor] = {}
+
+
+def _pad_counts(lengths: tuple[int, ...], width: int, device: torch.device) -> torch.Tensor:
+    key = (lengths, width, device)
+    pads = _PAD_COUNTS.get(key)
+    if pads is None:
+        if len(_PAD_COUNTS) > 64:
+            _PAD_COUNTS.clear()
+        pads = _PAD_COUNTS[key] = _to_device(torch.tensor([width - m for m in lengths], dtype=torch.float32), device)
+    return pads
+
+
+def bucket_keys(flat: torch.Tensor) -> torch.Tensor:
+    """Each value's bucket, 0..NBUCKETS-1: the top bits of its float32 pattern (int32)."""
+    bits = flat.to(torch.float32).view(torch.int32)
+    return torch.bitwise_right_shift(bits, KEY_SHIFT).add_(_KEY_OFFSET)
 
 
 _INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -142,18 +273,21 @@ def _sample_index(n: int, limit: int, device: torch.device) -> torch.Tensor:
     return idx
 
 
-def _count(idx: torch.Tensor) -> torch.Tensor:
+def _count(idx: torch.Tensor, size: int = NBUCKETS) -> torch.Tensor:
     """Occurrences of each bucket index, without a host sync.
 
     CPU ``bincount`` is synchronous anyway; on accelerators ``bincount`` reads the maximum
-    back to size its output, so a fixed-size ``index_add_`` is used instead (or, under
-    ``torch.use_deterministic_algorithms``, a one-hot sum, which is deterministic)."""
+    back to size its output, so a fixed-size ``index_add_`` is used instead. Under
+    ``torch.use_deterministic_algorithms`` (where ``index_add_`` may refuse to run) the counts
+    come from sorting the keys and finding each bucket's edges."""
     if idx.device.type == "cpu":
-        return torch.bincount(idx, minlength=NBUCKETS)
+        return torch.bincount(idx, minlength=size)
     if torch.are_deterministic_algorithms_enabled():
-        return (idx.unsqueeze(-1) == torch.arange(NBUCKETS, device=idx.device)).sum(0)
+        edges = torch.searchsorted(torch.sort(idx).values,
+                                   torch.arange(size + 1, dtype=idx.dtype, device=idx.device))
+        return edges.diff()
     ones = torch.ones((), dtype=torch.int64, device=idx.device).expand(idx.numel())
-    return torch.zeros(NBUCKETS, dtype=torch.int64, device=idx.device).index_add_(0, idx, ones)
+    return torch.zeros(size, dtype=torch.int64, device=idx.device).index_add_(0, idx, ones)
 
 
 @dataclass
@@ -179,59 +313,58 @@ class TensorSummary:
         return not any(self.nonfinite.values())
 
 
-_MATRICES: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, ...]] = {}
+@dataclass(frozen=True)
+class _Luts:
+    pair: torch.Tensor  # bucket -> float16 class x len(CLASSES) + bfloat16 class
+    rank: torch.Tensor  # bucket -> its magnitude rank (1..), NBUCKETS for zero, inf and NaN
+    magnitude: torch.Tensor  # rank -> the bucket's lower magnitude; inf at NBUCKETS
 
 
-def _matrices(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Bucket -> class one-hot matrices (one per format) and each bucket's lower magnitude."""
-    key = (device, dtype)
-    hit = _MATRICES.get(key)
+_LUTS: dict[torch.device, _Luts] = {}
+
+
+def _luts(device: torch.device) -> _Luts:
+    hit = _LUTS.get(device)
     if hit is None:
-        mats = []
-        for name in FORMATS:
-            m = torch.zeros(NBUCKETS, len(CLASSES), dtype=dtype)
-            for i, c in enumerate(CLASS_OF[name]):
-                m[i, c] = 1
-            mats.append(m.to(device))
-        lo = [b.lo_mag if (b.lo_mag > 0 and not math.isinf(b.lo_mag) and not math.isnan(b.lo_mag)) else math.inf
-              for b in BUCKETS]
-        hit = _MATRICES[key] = (*mats, torch.tensor(lo, dtype=dtype, device=device))
+        f16, b16 = (CLASS_OF[name] for name in FORMATS)
+        pair = [a * len(CLASSES) + b for a, b in zip(f16, b16)]
+        rank, magnitude = [NBUCKETS] * NBUCKETS, [math.inf] * (NBUCKETS + 1)
+        for key, b in enumerate(BUCKETS):
+            if 0 < b.lo_mag < math.inf:
+                r = (key - _KEY_OFFSET) & (_KEY_OFFSET - 1)  # sign dropped: exponent and first mantissa bit
+                rank[key] = r
+                magnitude[r] = b.lo_mag
+        hit = _LUTS[device] = _Luts(*(torch.tensor(v, dtype=dt, device=device) for v, dt in (
+            (pair, torch.int32), (rank, torch.int32), (magnitude, torch.float32))))
     return hit
 
 
-ROW = 2 + len(FORMATS) * len(CLASSES) + 1  # values per tensor after reduce()
-
-
-def reduce(mms: list[torch.Tensor], counts: list[torch.Tensor]) -> torch.Tensor:
-    """On the device: per tensor (min, max, class counts for each format, smallest bucket magnitude),
-    as one flat vector of ROW values a tensor, ready for a single transfer."""
-    device = mms[0].device
-    dtype = torch.float32 if device.type == "mps" else torch.float64
-    mm = torch.stack(mms).to(dtype)
-    c = torch.stack(counts).to(dtype)
-    *mats, lo = _matrices(device, dtype)
-    lowest = torch.where(c > 0, lo, torch.full_like(lo, math.inf)).amin(dim=1, keepdim=True)
-    return torch.cat([mm, *(c @ m for m in mats), lowest], dim=1).reshape(-1)
+ROW = 2 + len(FORMATS) * len(CLASSES) + 1  # values per tensor in Batch.rows()
 
 
 def summarise(dtype: str, row: list[float], numel: int, sampled_n: int) -> TensorSummary:
     """Host-side summary of one tensor from its ROW values."""
     vmin, vmax = row[0], row[1]
     scale = numel / sampled_n if sampled_n else 1.0
-    classes = {}
     k = len(CLASSES)
-    for j, name in enumerate(FORMATS):
-        vals = row[2 + j * k: 2 + (j + 1) * k]
-        classes[name] = {c: v * scale for c, v in zip(CLASSES, vals)}
-    has_nan = math.isnan(vmin) or math.isnan(vmax)
-    for name in FORMATS:  # the exact extremes guarantee at least one when present
-        acc = classes[name]
-        if has_nan and acc["nan"] < 1:
-            acc["nan"] = 1.0
-        if vmax == math.inf and acc["pinf"] < 1:
-            acc["pinf"] = 1.0
-        if vmin == -math.inf and acc["ninf"] < 1:
-            acc["ninf"] = 1.0
-    lo = row[-1]
-    absmax = math.nan if has_nan else max(abs(vmin), abs(vmax))
-    return TensorSummary(dtype, numel, absmax, vmin, vmax, lo, classes, sampled_n < numel)
+    classes = {name: dict(zip(CLASSES, [v * scale for v in row[2 + j * k: 2 + (j + 1) * k]]))
+               for j, name in enumerate(FORMATS)}
+    has_nan = vmin != vmin or vmax != vmax
+    absmax = math.nan if has_nan else max(-vmin, vmax)
+    if has_nan or absmax >= _LOWEST_OVERFLOW:  # the exact extremes guarantee at least one when present
+        finite_max = max((abs(v) for v in (vmin, vmax) if not math.isnan(v) and not math.isinf(v)), default=0.0)
+        for name, fmt in FORMATS.items():
+            acc = classes[name]
+            if finite_max >= fmt.overflow and acc["overflow"] < 1:  # its bucket straddles the threshold
+                acc["overflow"] = 1.0
+                acc["normal"] = max(0.0, acc["normal"] - 1.0)
+            if has_nan and acc["nan"] < 1:
+                acc["nan"] = 1.0
+            if vmax == math.inf and acc["pinf"] < 1:
+                acc["pinf"] = 1.0
+            if vmin == -math.inf and acc["ninf"] < 1:
+                acc["ninf"] = 1.0
+    return TensorSummary(dtype, numel, absmax, vmin, vmax, row[-1], classes, sampled_n < numel)
+
+
+_LOWEST_OVERFLOW = min(f.overflow for f in FORMATS.values())

@@ -26,19 +26,21 @@ def tensors_in(obj, depth: int = 0) -> list:
         return [obj]
     if depth > 6 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
         return []
+    if isinstance(obj, (list, tuple)):
+        if all(isinstance(v, torch.Tensor) for v in obj):  # the common case, without recursion
+            return list(obj)
+        return [t for v in obj for t in tensors_in(v, depth + 1)]
     if isinstance(obj, dict):
         return [t for v in obj.values() for t in tensors_in(v, depth + 1)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in tensors_in(v, depth + 1)]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return [t for f in dataclasses.fields(obj) for t in tensors_in(getattr(obj, f.name, None), depth + 1)]
     return []
 
 
-def _compiling() -> bool:
-    try:
-        return torch.compiler.is_compiling()
-    except AttributeError:  # pragma: no cover - older torch
+try:
+    _compiling = torch.compiler.is_compiling
+except AttributeError:  # pragma: no cover - older torch
+    def _compiling() -> bool:
         return False
 
 
@@ -46,7 +48,10 @@ class StopTracing(BaseException):
     """Raised from the optimizer hook after ``max_steps`` steps to end the traced program."""
 
 
-@dataclass
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+@dataclass(slots=True)
 class _Pending:
     """One measured tensor waiting for the step's transfer."""
 
@@ -56,8 +61,8 @@ class _Pending:
     dtype: str
     numel: int
     sampled: int
-    mm: torch.Tensor
-    counts: torch.Tensor
+    device: torch.device
+    slot: int  # its place in the device's batch
 
 
 @dataclass
@@ -298,8 +303,7 @@ class Tracer:
         seen = self._seen.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version:
             return seen[2]
-        mm, counts, n, sampled = st.device_stats(t)
-        self._pending.append(_Pending(name, cls, role, str(t.dtype).replace("torch.", ""), n, sampled, mm, counts))
+        self._pending.append(self._stage(t, name, cls, role))
         idx = len(self._pending) - 1
         try:
             self._seen[id(t)] = (weakref.ref(t), t._version, idx)
@@ -307,18 +311,28 @@ class Tracer:
             pass
         return idx
 
+    def _stage(self, t: torch.Tensor, name: str, cls: str, role: str) -> _Pending:
+        dev = t.device
+        batch = self._batches.get(dev)
+        if batch is None:
+            batch = self._batches[dev] = st.Batch(dev)
+        slot = len(batch)
+        n, sampled = batch.add(t)
+        dtype = _DTYPE_NAMES.get(t.dtype)
+        if dtype is None:
+            dtype = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
+        return _Pending(name, cls, role, dtype, n, sampled, dev, slot)
+
     def _post_hook(self, module, args, kwargs, output=None):  # no output when forward raised
         if not self._active or self._in_backward() or not self._stack or _compiling():
             return None
         inputs = self._stack.pop()
         name, cls = self._name(module)
-        call = len(self._calls)
         outs = []
         grad_on = self.grads and torch.is_grad_enabled()
         for t in tensors_in(output):
             if not st.measurable(t):
                 continue
-            fresh = id(t) not in self._seen or self._seen[id(t)][0]() is not t
             idx = self._measure(t, name, cls, "output")
             outs.append(idx)
             if grad_on and t.requires_grad:
@@ -327,7 +341,6 @@ class Tracer:
                     owners = self._grad_owners[idx] = []
                     t.register_hook(self._grad_hook(owners))
                 owners.append((name, cls))
-            del fresh
         self._calls.append((name, cls, inputs, outs))
         if self._replayer is not None:
             self._replayer.after(module, args, kwargs, output, name)
@@ -336,10 +349,8 @@ class Tracer:
     def _grad_hook(self, owners: list):
         def hook(grad):
             if self._active and st.measurable(grad):
-                mm, counts, n, sampled = st.device_stats(grad)
                 name, cls = owners[0]
-                self._pending.append(_Pending(name, cls, "grad", str(grad.dtype).replace("torch.", ""), n,
-                                              sampled, mm, counts))
+                self._pending.append(self._stage(grad, name, cls, "grad"))
                 self._bwd.append((len(self._pending) - 1, tuple(owners)))
             return None
         return hook
@@ -365,6 +376,7 @@ class Tracer:
     # -- the one transfer per step -------------------------------------------------------------
     def _reset_step(self) -> None:
         self._pending: list[_Pending] = []
+        self._batches: dict[torch.device, st.Batch] = {}
         self._calls: list[tuple] = []
         self._bwd: list[tuple] = []
         self._seen: dict[int, tuple] = {}
@@ -372,19 +384,18 @@ class Tracer:
         self._scaler_pending: list[tuple] = []
 
     def _flush(self) -> None:
-        pending, calls, bwd, scal = self._pending, self._calls, self._bwd, self._scaler_pending
+        pending, calls, bwd, scal, batches = self._pending, self._calls, self._bwd, self._scaler_pending, self._batches
         step = self.steps
         self._reset_step()
         if not pending and not scal:
             return
         parts = []
-        by_device: dict[torch.device, list[int]] = {}
-        for i, p in enumerate(pending):
-            by_device.setdefault(p.mm.device, []).append(i)
-        order = [i for dev in sorted(by_device, key=str) for i in by_device[dev]]
-        for dev in sorted(by_device, key=str):
-            idx = by_device[dev]
-            parts.append(st.reduce([pending[i].mm for i in idx], [pending[i].counts for i in idx]))
+        start: dict[torch.device, int] = {}  # where each device's rows begin in the transfer
+        pos = 0
+        for dev in sorted(batches, key=str):
+            start[dev] = pos
+            parts.append(batches[dev].rows())
+            pos += len(batches[dev]) * st.ROW
         for before, found, after in scal:
             z = torch.zeros((), device=before.device, dtype=before.dtype) if found is None else found
             parts.append(torch.stack([before.reshape(()).double(), z.reshape(()).double(), after.reshape(()).double()]))
@@ -393,12 +404,10 @@ class Tracer:
             parts = [x.to(dev, non_blocking=True).double() for x in parts]
         values = torch.cat(parts).tolist()  # the single device-to-host transfer of this step
         self.transfers += 1
-        summaries: list[st.TensorSummary] = [None] * len(pending)  # type: ignore[list-item]
-        pos = 0
-        for i in order:
-            p = pending[i]
-            summaries[i] = st.summarise(p.dtype, values[pos: pos + st.ROW], p.numel, p.sampled)
-            pos += st.ROW
+        summaries: list[st.TensorSummary] = []
+        for p in pending:
+            at = start[p.device] + p.slot * st.ROW
+            summaries.append(st.summarise(p.dtype, values[at: at + st.ROW], p.numel, p.sampled))
             self.dtypes_seen.add(p.dtype)
         rec = StepRecord(step)
         for _ in scal:
