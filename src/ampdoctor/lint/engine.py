@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Iterable
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 
 from ampdoctor.diagnostics import Applicability, Diagnostic, Edit, Fix
 from ampdoctor.lint import suppress, tree
@@ -397,7 +397,8 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
     reports: list[Report] = [r for r in ctx.reports if r.rule.code not in dispatcher.failures]
     if not reports:
         return _Pass(module, [], [])
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    targets = [r.node for r in reports] + [n for r in reports if r.fix is not None for n, _ in r.fix.changes]
+    positions = _positions(module, text, targets)
     diagnostics: list[Diagnostic] = []
     fixable: list[tuple[Diagnostic, FixSpec, tuple[int, int, int, int]]] = []
     seen: set[tuple] = set()
@@ -436,6 +437,48 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
                 hi = max(s[2:] for s in spans)
                 fixable.append((diag, rep.fix, (lo[0], lo[1], hi[0], hi[1])))
     return _Pass(module, diagnostics, fixable)
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what libcst counts as the end of a line
+
+
+def _positions(module: cst.Module, text: str, nodes: list[cst.CSTNode]) -> dict[cst.CSTNode, CodeRange]:
+    """Where ``nodes`` are in the source.
+
+    libcst computes positions by generating the code of the whole module, which costs twice
+    the parse. Only the top-level statements that hold the nodes are generated here, each as a
+    module of its own, and placed by finding their code (an exact part of the source: a parse
+    round-trips) in the text. When that is ambiguous, the whole module is generated as usual."""
+    left = {id(n) for n in nodes}
+    holders: list[cst.BaseStatement] = []
+    for stmt in module.body:
+        if not left:
+            break
+        hit = id(stmt) in left
+        left.discard(id(stmt))
+        for n in tree.walk(stmt):
+            if id(n) in left:
+                left.discard(id(n))
+                hit = True
+        if hit:
+            holders.append(stmt)
+    whole = None
+    if not left:
+        whole = {}
+        for stmt in holders:
+            single = module.with_changes(header=(), body=(stmt,), footer=())
+            code = single.code
+            start = text.find(code)
+            if not code or start < 0 or text.find(code, start + 1) >= 0:
+                whole = None
+                break
+            shift = len(_LINE_BREAK.findall(text, 0, start))
+            for node, rng in MetadataWrapper(single, unsafe_skip_copy=True).resolve(PositionProvider).items():
+                whole[node] = rng if not shift else CodeRange(CodePosition(rng.start.line + shift, rng.start.column),
+                                                             CodePosition(rng.end.line + shift, rng.end.column))
+    if whole is None:
+        return dict(MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider))
+    return whole
 
 
 def _apply_suppressions(path: str, text: str | None, data: bytes, diagnostics: list[Diagnostic],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -254,7 +256,30 @@ def _from_cache(hit: list, display: str) -> list[Diagnostic] | None:
     return [d if d.path == display else dataclasses.replace(d, path=display) for d in diags]
 
 
+@contextlib.contextmanager
+def _rare_collections():
+    """Run Python's cyclic garbage collector rarely while linting.
+
+    A parse makes hundreds of thousands of small objects, which reference counting frees; at the
+    default thresholds the collector still walks the young ones every 700 allocations, which
+    costs a third of the run. The objects alive before the run (the imported modules) are frozen
+    out of the collector's walks too; forked workers inherit both settings."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
 def _execute(todo: list[tuple[str, str, Settings]], jobs: int | None, progress) -> list[FileResult]:
+    with _rare_collections():
+        return _execute_all(todo, jobs, progress)
+
+
+def _execute_all(todo: list[tuple[str, str, Settings]], jobs: int | None, progress) -> list[FileResult]:
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(todo) < POOL_MIN_FILES:
         results = []
