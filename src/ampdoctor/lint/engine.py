@@ -61,30 +61,20 @@ def _rules_for(enabled: frozenset[str]) -> tuple[type[Rule], ...]:
 
 
 @lru_cache(maxsize=64)
-def _prefilter(enabled: frozenset[str]) -> re.Pattern[bytes] | None:
-    words = sorted({w for r in _rules_for(enabled) for w in r.words})
-    if not words:
-        return None
-    return re.compile(b"|".join(re.escape(w) for w in words))
-
-
-def _any_of(words) -> re.Pattern[bytes] | None:
-    return re.compile(b"|".join(re.escape(w) for w in sorted(words))) if words else None
-
-
-@lru_cache(maxsize=None)
-def _words(cls: type[Rule]) -> tuple[re.Pattern[bytes] | None, re.Pattern[bytes] | None]:
-    return _any_of(cls.words), _any_of(cls.also)
+def _word_table(enabled: frozenset[str]) -> tuple[tuple[bytes, ...], tuple[tuple[type[Rule], frozenset, frozenset], ...]]:
+    rules = _rules_for(enabled)
+    words = tuple(sorted({w for r in rules for w in (*r.words, *r.also)}))
+    return words, tuple((r, frozenset(r.words), frozenset(r.also)) for r in rules)
 
 
 def _active_rules(enabled: frozenset[str], data: bytes) -> list[type[Rule]]:
-    """The enabled rules whose words occur in the file: only those are run on it."""
-    out = []
-    for cls in _rules_for(enabled):
-        first, second = _words(cls)
-        if (first is None or first.search(data)) and (second is None or second.search(data)):
-            out.append(cls)
-    return out
+    """The enabled rules whose words occur in the file: only those are run on it. Each word is
+    looked for once with ``bytes.__contains__`` (a fast substring search), several times
+    faster than one regular expression per rule."""
+    words, table = _word_table(enabled)
+    found = {w for w in words if w in data}
+    return [cls for cls, first, second in table
+            if (not first or not first.isdisjoint(found)) and (not second or not second.isdisjoint(found))]
 
 
 @lru_cache(maxsize=None)
@@ -592,9 +582,8 @@ def _lint_deep(path: str, data: bytes, settings: Settings) -> FileResult:
 
 def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) -> FileResult:
     enabled = settings.enabled
-    pattern = _prefilter(enabled)
     has_sup = UNUSED_SUPPRESSION.code in enabled and suppress.QUICK.search(data) is not None
-    if (pattern is None or not pattern.search(data) or not _active_rules(enabled, data)) and not has_sup:
+    if not _active_rules(enabled, data) and not has_sup:
         result.skipped = True
         return result
     errors: list[Diagnostic] = []

@@ -19,6 +19,8 @@ _STAT_FUNCS = {"torch.std", "torch.norm", "torch.linalg.norm", "torch.linalg.vec
                "torch.Tensor.std", "torch.Tensor.norm"}
 _NORMALIZE = {"torch.nn.functional.normalize": (3, 1e-12, 1), "torch.nn.functional.cosine_similarity": (3, 1e-8, 2),
               "torch.cosine_similarity": (3, 1e-8, 2)}
+# the calls _scan looks at, by their last name (a cheap test during the walk)
+_SCANNED_CALLS = {"rsqrt", "div", "div_", "true_divide", "normalize", "cosine_similarity"}
 _NOT_TORCH = {"numpy", "np", "scipy", "librosa", "soundfile", "cv2", "pandas", "jax", "math", "statistics"}
 _FINFO_TINY = {("float32", "tiny"): 2.0 ** -126, ("float32", "smallest_normal"): 2.0 ** -126,
                ("float64", "tiny"): 2.0 ** -1022, ("float64", "smallest_normal"): 2.0 ** -1022,
@@ -60,10 +62,26 @@ class EpsUnderflow(Rule):
         self.trains = False  # the file calls .backward() or builds an optimizer
         self.cands: list[_Candidate] = []
         self._cls_stack: list[cst.ClassDef] = []
+        self._dividing: set[int] = set()  # functions (and their enclosing ones) with something _scan looks at
+
+    def _mark(self) -> None:
+        for p in self.ctx.ancestors():
+            if isinstance(p, cst.FunctionDef):
+                if id(p) in self._dividing:
+                    return  # so are the ones around it
+                self._dividing.add(id(p))
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        if isinstance(node.operator, (cst.Divide, cst.Power)):
+            self._mark()
 
     # -- float16 evidence ----------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
+        f = node.func
+        last = f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else ""
+        if last in _SCANNED_CALLS or (names.qualified(f) or "").rsplit(".", 1)[-1] in _SCANNED_CALLS:
+            self._mark()
         if not self.trains and (h.method_call(node, "backward") or nu.is_optimizer_class(names.qualified(node.func))):
             self.trains = True
         ac = h.autocast_call(names, node)
@@ -101,6 +119,8 @@ class EpsUnderflow(Rule):
 
     # -- candidates ------------------------------------------------------------------------------
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if id(node) not in self._dividing:
+            return  # no division, power, rsqrt or normalize in it: no candidate, no index to build
         cls = None
         if self._cls_stack and any(b is node for b in self._cls_stack[-1].body.body):
             cls = self._cls_stack[-1]

@@ -44,7 +44,19 @@ class DtypeRestoreAfterRebind(Rule):
     also = (b".float()", b"float32", b".double()", b"torch.float)")
     summary = "`x = x.float()` followed by `.to(x.dtype)`, which then no longer restores the input dtype."
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._restoring: set[int] = set()  # functions (and their enclosing ones) with a restore call
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self._restore(node) is not None:
+            for p in self.ctx.ancestors():
+                if isinstance(p, cst.FunctionDef):
+                    self._restoring.add(id(p))
+
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if id(node) not in self._restoring:
+            return  # no `.to(x.dtype)`/`.type_as(x)` in it: nothing to report, no index to build
         idx = nu.FunctionIndex.build(node)
         rebinds: dict[int, _Rebind] = {}
         for name, assigns in idx.assigns.items():
