@@ -280,6 +280,49 @@ def test_every_value_lands_in_the_class_its_format_gives_it(value, dtype):
         assert got == {st.classify(float(t[0]), fmt)}, (name, value, s.classes[name])
 
 
+def _rows(tensors, hold=None):
+    from ampdoctor.trace import stats as st
+
+    batch = st.Batch(torch.device("cpu"))
+    if hold is not None:
+        batch.HOLD = hold
+    sizes = [batch.add(t) for t in tensors]
+    values = batch.rows().tolist()
+    return [st.summarise(str(t.dtype), values[i * st.ROW:(i + 1) * st.ROW], *sizes[i]) for i, t in enumerate(tensors)]
+
+
+def test_a_batch_keeps_each_tensor_apart_whatever_the_dtypes_and_grouping():
+    tensors = [torch.full((3,), -2.0, dtype=torch.bfloat16), torch.tensor([0.0, 0.0, 70000.0]),
+               torch.tensor([1e-6, 5.0], dtype=torch.bfloat16), torch.tensor([-1e300, 1.0], dtype=torch.float64),
+               torch.zeros(10), torch.tensor([float("nan"), 1.0], dtype=torch.float16),
+               torch.linspace(-3, 3, 50_000)]
+    for hold in (None, 1):  # all rows counted at once, or each as soon as it is added
+        s = _rows(tensors, hold)
+        assert [(x.vmin, x.vmax) for x in s[:5]] == [(-2.0, -2.0), (0.0, 70000.0), (pytest.approx(1e-6, rel=1e-2), 5.0),
+                                                    (-1e300, 1.0), (0.0, 0.0)]
+        assert s[0].classes["float16"]["normal"] == 3 and s[0].classes["float16"]["zero"] == 0
+        assert s[1].classes["float16"] == {**dict.fromkeys(s[1].classes["float16"], 0.0), "zero": 2.0, "overflow": 1.0}
+        assert s[1].classes["bfloat16"]["normal"] == 1 and s[1].classes["bfloat16"]["overflow"] == 0
+        assert s[2].classes["float16"]["subnormal"] == 1 and s[2].classes["bfloat16"]["subnormal"] == 0
+        assert s[4].classes["float16"]["zero"] == 10 and s[4].min_nonzero == float("inf")  # padding is not counted
+        assert s[5].classes["float16"]["nan"] == 1 and not s[5].finite
+        assert s[2].min_nonzero <= 1e-6 < 2 * s[2].min_nonzero
+        big = s[6]  # a sample of 1,024 values stands for all 50,000
+        assert big.sampled and sum(big.classes["float16"].values()) == pytest.approx(50_000, rel=1e-3)
+        assert (big.vmin, big.vmax) == (-3.0, 3.0)
+
+
+def test_a_measured_copy_does_not_change_when_the_tensor_is_changed_in_place():
+    t = torch.ones(100)
+    from ampdoctor.trace import stats as st
+
+    batch = st.Batch(t.device)
+    sizes = batch.add(t)
+    t.mul_(float("inf"))
+    s = st.summarise("float32", batch.rows().tolist(), *sizes)
+    assert s.finite and s.classes["float16"]["normal"] == 100
+
+
 def test_one_transfer_per_step_and_no_per_module_syncs(monkeypatch):
     calls = {"item": 0, "tolist": 0, "cpu": 0, "bool": 0, "numpy": 0}
     originals = {n: getattr(torch.Tensor, n) for n in ("item", "tolist", "cpu", "__bool__")}

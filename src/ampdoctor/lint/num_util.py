@@ -1,6 +1,7 @@
 """Shared logic of the numerics rules AMP204-AMP212 (epsilons, dtypes, pure-fp16 setups).
 
-Only the rules AMP204, AMP205, AMP206, AMP207, AMP210, AMP211 and AMP212 import this module.
+Used by the rules AMP204, AMP205, AMP206, AMP207, AMP210, AMP211 and AMP212; the engine drops
+the indexes built for a file when it is done with the file.
 """
 
 from __future__ import annotations
@@ -139,6 +140,11 @@ class FunctionIndex:
     nodes: list[cst.CSTNode] = field(default_factory=list)
     params: dict[str, cst.Param] = field(default_factory=dict)
     used_names: set[str] = field(default_factory=set)
+
+    @staticmethod
+    def forget() -> None:
+        """Drop the indexes built so far (at the end of a file: they hold its nodes)."""
+        _INDEXES.clear()
 
     @classmethod
     def build(cls, fn: cst.CSTNode) -> "FunctionIndex":
