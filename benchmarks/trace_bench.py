@@ -142,7 +142,7 @@ def main() -> None:
     lines = [f"## Tracer overhead ({date.today().isoformat()}, {args.device})", "",
              f"Machine: {bench_env.machine()}; torch {torch.__version__}"
              + (f", {torch.cuda.get_device_name()}" if dev.type == "cuda" else "")
-             + f", {torch.get_num_threads()} torch threads. Forward+backward+SGD step, fp32 weights with {'fp16' if dev.type == 'cuda' else 'bf16'} "
+             + f", {torch.get_num_threads()} torch thread{'' if torch.get_num_threads() == 1 else 's'}. Forward+backward+SGD step, fp32 weights with {'fp16' if dev.type == 'cuda' else 'bf16'} "
                f"autocast. Each tool's context is entered once per block of {args.block} steps and the steps are "
                f"timed inside it; the blocks of the four configurations are interleaved, {args.reps} blocks each "
                f"after {args.warmup} warm-up blocks, and the table gives the median step.", ""]
