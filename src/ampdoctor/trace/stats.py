@@ -1,15 +1,16 @@
 """Per-tensor statistics computed on the tensor's device, with no host synchronisation.
 
-Each tensor costs a handful of small, branch-free ops: ``aminmax`` over the whole tensor (exact
-extremes; NaN and ±inf show up there), then a count of its values (or of an evenly strided
-sample of at most ``SAMPLE`` values, ``SAMPLE_CPU`` on the CPU, for large tensors) by bucket,
-where a value's bucket is the top ten bits of its float32 pattern: the sign, the exponent and
-the first mantissa bit, so each bucket spans half a binade. Computing the key is a shift, not a
-search, so its cost does not depend on the data. The fp16 and bf16 normal, subnormal and
-flush-to-zero thresholds fall on bucket edges; the two overflow thresholds (65,520 and about
-3.39e38) fall inside a bucket, so which values overflow is settled by the exact extremes. Float32
-subnormals below 2^-127 share the zero bucket. The host decodes the bucket counts into classes
-for either format after the one device-to-host copy per optimizer step.
+Each tensor costs two small ops: ``aminmax`` over the whole tensor (exact extremes; NaN and ±inf
+show up there) and a float32 copy of its values, or of an evenly strided sample of ``SAMPLE``
+values (``SAMPLE_CPU`` on the CPU) for larger tensors. Once per step the copies are counted
+together by bucket, where a value's bucket is the top ten bits of its float32 pattern: the sign,
+the exponent and the first mantissa bit, so each bucket spans half a binade. Computing the key is
+a shift, not a search, so its cost does not depend on the data. The fp16 and bf16 normal,
+subnormal and flush-to-zero thresholds fall on bucket edges; the two overflow thresholds (65,520
+and about 3.39e38) fall inside a bucket, so which values overflow is settled by the exact
+extremes. Float32 subnormals below 2^-127 share the zero bucket. The counts are reduced to the
+classes of either format on the device, and the host reads them in the one device-to-host copy
+per optimizer step.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _bucket(key: int) -> Bucket:
     if exponent == 0 and not half:  # +-0 and float32 subnormals below 2^-127
         return Bucket(math.inf, 0.0)
     lo = abs(_float_of(top << KEY_SHIFT))
-    hi = abs(_float_of((top + 1) << KEY_SHIFT)) if (top + 1) & 0x1FF else math.inf
+    hi = abs(_float_of((top + 1) << KEY_SHIFT))  # inf above the largest finite bucket
     return Bucket(lo, sign * (lo + hi) / 2 if hi != math.inf else sign * lo * 1.25)
 
 
@@ -220,7 +221,8 @@ def _classes(rows: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
     keys = bucket_keys(rows).view(-1)
     pair = luts.pair.index_select(0, keys).view(k, -1).add_(_row_base(k, rows.device))
     counts = _count(pair.view(-1), k * _NPAIRS).view(k, len(CLASSES), len(CLASSES)).to(torch.float32)
-    counts[:, _ZERO, _ZERO] -= _pad_counts(lengths, rows.shape[1], rows.device)
+    if any(m != rows.shape[1] for m in lengths):  # rows padded with -0.0: take the pads off the zeros
+        counts[:, _ZERO, _ZERO] -= _pad_counts(lengths, rows.shape[1], rows.device)
     rank = luts.rank.index_select(0, keys).view(k, -1).amin(dim=1)
     lowest = luts.magnitude.index_select(0, rank)
     return torch.cat([counts.sum(dim=2), counts.sum(dim=1), lowest.unsqueeze(1)], dim=1)
@@ -273,7 +275,7 @@ def _sample_index(n: int, limit: int, device: torch.device) -> torch.Tensor:
     return idx
 
 
-def _count(idx: torch.Tensor, size: int = NBUCKETS) -> torch.Tensor:
+def _count(idx: torch.Tensor, size: int) -> torch.Tensor:
     """Occurrences of each bucket index, without a host sync.
 
     CPU ``bincount`` is synchronous anyway; on accelerators ``bincount`` reads the maximum
