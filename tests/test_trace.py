@@ -312,6 +312,18 @@ def test_a_batch_keeps_each_tensor_apart_whatever_the_dtypes_and_grouping():
         assert (big.vmin, big.vmax) == (-3.0, 3.0)
 
 
+def test_the_accelerator_counting_methods_agree_with_bincount():
+    from ampdoctor.trace import stats as st
+
+    keys = st.bucket_keys(torch.cat([torch.randn(5000) * 10.0 ** torch.randint(-30, 30, (5000,)),
+                                     torch.tensor([0.0, -0.0, float("inf"), float("nan")])]))
+    keys = keys.add_(torch.randint(0, 3, keys.shape, dtype=torch.int32) * st.NBUCKETS)
+    want = st._count(keys, 3 * st.NBUCKETS, "bincount")
+    assert want.sum() == keys.numel()
+    for how in ("index_add", "sort"):
+        assert torch.equal(st._count(keys, 3 * st.NBUCKETS, how), want), how
+
+
 def test_a_measured_copy_does_not_change_when_the_tensor_is_changed_in_place():
     t = torch.ones(100)
     from ampdoctor.trace import stats as st

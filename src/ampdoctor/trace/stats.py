@@ -275,16 +275,20 @@ def _sample_index(n: int, limit: int, device: torch.device) -> torch.Tensor:
     return idx
 
 
-def _count(idx: torch.Tensor, size: int) -> torch.Tensor:
+def _count(idx: torch.Tensor, size: int, how: str | None = None) -> torch.Tensor:
     """Occurrences of each bucket index, without a host sync.
 
     CPU ``bincount`` is synchronous anyway; on accelerators ``bincount`` reads the maximum
     back to size its output, so a fixed-size ``index_add_`` is used instead. Under
     ``torch.use_deterministic_algorithms`` (where ``index_add_`` may refuse to run) the counts
-    come from sorting the keys and finding each bucket's edges."""
-    if idx.device.type == "cpu":
+    come from sorting the keys and finding each bucket's edges. ``how`` forces one of the
+    three ("bincount", "index_add", "sort")."""
+    if how is None:
+        how = "bincount" if idx.device.type == "cpu" else \
+            "sort" if torch.are_deterministic_algorithms_enabled() else "index_add"
+    if how == "bincount":
         return torch.bincount(idx, minlength=size)
-    if torch.are_deterministic_algorithms_enabled():
+    if how == "sort":
         edges = torch.searchsorted(torch.sort(idx).values,
                                    torch.arange(size + 1, dtype=idx.dtype, device=idx.device))
         return edges.diff()
