@@ -430,9 +430,6 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
     return _Pass(module, diagnostics, fixable)
 
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what libcst counts as the end of a line
-
-
 def _positions(module: cst.Module, text: str, nodes: list[cst.CSTNode]) -> dict[cst.CSTNode, CodeRange]:
     """Where ``nodes`` are in the source.
 
@@ -463,7 +460,7 @@ def _positions(module: cst.Module, text: str, nodes: list[cst.CSTNode]) -> dict[
             if not code or start < 0 or text.find(code, start + 1) >= 0:
                 whole = None
                 break
-            shift = len(_LINE_BREAK.findall(text, 0, start))
+            shift = len(_NEWLINE.findall(text, 0, start))
             for node, rng in MetadataWrapper(single, unsafe_skip_copy=True).resolve(PositionProvider).items():
                 whole[node] = rng if not shift else CodeRange(CodePosition(rng.start.line + shift, rng.start.column),
                                                              CodePosition(rng.end.line + shift, rng.end.column))

@@ -40,6 +40,17 @@ def enclosing_scope(ctx: Context) -> cst.CSTNode | None:
     return None
 
 
+def mark_enclosing_functions(ctx: Context, marked: set[int]) -> None:
+    """Add the ids of the functions around the current node to ``marked``. A rule that reads
+    whole functions in ``leave_FunctionDef`` marks the ones holding what it looks for during the
+    walk, and skips the others."""
+    for p in ctx.ancestors():
+        if isinstance(p, cst.FunctionDef):
+            if id(p) in marked:
+                return  # so are the ones around it
+            marked.add(id(p))
+
+
 def method_call(node: cst.CSTNode, *methods: str) -> tuple[cst.BaseExpression, str] | None:
     """For ``recv.meth(...)`` with meth in ``methods``: (recv, meth)."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods:

@@ -117,10 +117,18 @@ _PADS: dict[torch.device, torch.Tensor] = {}
 
 
 def _pad(device: torch.device) -> torch.Tensor:
-    pad = _PADS.get(device)
-    if pad is None:
-        pad = _PADS[device] = torch.full((_limit(device),), -0.0, dtype=torch.float32, device=device)
-    return pad
+    return _memo(_PADS, device, lambda: torch.full((_limit(device),), -0.0, dtype=torch.float32, device=device))
+
+
+def _memo(cache: dict, key, make, limit: int = 64):
+    """``cache[key]``, made by ``make()`` when missing; a cache holding more than ``limit``
+    entries is emptied first (a training step asks for the same few keys every time)."""
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) > limit:
+            cache.clear()
+        hit = cache[key] = make()
+    return hit
 
 
 class Batch:
@@ -185,22 +193,20 @@ class Batch:
     def _order(self) -> torch.Tensor:
         """Where each (min, max) pair of the per-dtype stacks lands in the order of the tensors."""
         key = (tuple(self.dtypes), tuple(self.extremes), self.device)
-        order = _ORDERS.get(key)
-        if order is None:
-            start, pos = {}, 0
-            for d, v in self.extremes.items():
-                start[d] = pos
-                pos += len(v)
-            seen = dict.fromkeys(self.extremes, 0)
-            idx = []
-            for d in self.dtypes:
-                i = start[d] + seen[d]
-                seen[d] += 2
-                idx += [i, i + 1]
-            if len(_ORDERS) > 64:
-                _ORDERS.clear()
-            order = _ORDERS[key] = _to_device(torch.tensor(idx, dtype=torch.int64), self.device)
-        return order
+        return _memo(_ORDERS, key, lambda: _to_device(torch.tensor(self._order_list(), dtype=torch.int64), self.device))
+
+    def _order_list(self) -> list[int]:
+        start, pos = {}, 0
+        for d, v in self.extremes.items():
+            start[d] = pos
+            pos += len(v)
+        seen = dict.fromkeys(self.extremes, 0)
+        idx = []
+        for d in self.dtypes:
+            i = start[d] + seen[d]
+            seen[d] += 2
+            idx += [i, i + 1]
+        return idx
 
 
 _ORDERS: dict[tuple, torch.Tensor] = {}
@@ -234,25 +240,16 @@ _BASES: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
 def _row_base(k: int, device: torch.device) -> torch.Tensor:
-    base = _BASES.get((k, device))
-    if base is None:
-        if len(_BASES) > 64:
-            _BASES.clear()
-        base = _BASES[(k, device)] = (torch.arange(k, dtype=torch.int32, device=device) * _NPAIRS).unsqueeze(1)
-    return base
+    return _memo(_BASES, (k, device),
+                 lambda: (torch.arange(k, dtype=torch.int32, device=device) * _NPAIRS).unsqueeze(1))
 
 
 _PAD_COUNTS: dict[tuple, torch.Tensor] = {}
 
 
 def _pad_counts(lengths: tuple[int, ...], width: int, device: torch.device) -> torch.Tensor:
-    key = (lengths, width, device)
-    pads = _PAD_COUNTS.get(key)
-    if pads is None:
-        if len(_PAD_COUNTS) > 64:
-            _PAD_COUNTS.clear()
-        pads = _PAD_COUNTS[key] = _to_device(torch.tensor([width - m for m in lengths], dtype=torch.float32), device)
-    return pads
+    return _memo(_PAD_COUNTS, (lengths, width, device),
+                 lambda: _to_device(torch.tensor([width - m for m in lengths], dtype=torch.float32), device))
 
 
 def bucket_keys(flat: torch.Tensor) -> torch.Tensor:
@@ -266,13 +263,7 @@ _INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 def _sample_index(n: int, limit: int, device: torch.device) -> torch.Tensor:
     """Evenly strided flat indices of at most ``limit`` elements (cached per size and device)."""
-    key = (n, device)
-    idx = _INDEX.get(key)
-    if idx is None:
-        if len(_INDEX) > 256:
-            _INDEX.clear()
-        idx = _INDEX[key] = torch.arange(0, n, -(-n // limit), device=device)
-    return idx
+    return _memo(_INDEX, (n, device), lambda: torch.arange(0, n, -(-n // limit), device=device), limit=256)
 
 
 def _count(idx: torch.Tensor, size: int, how: str | None = None) -> torch.Tensor:
@@ -330,19 +321,20 @@ _LUTS: dict[torch.device, _Luts] = {}
 
 
 def _luts(device: torch.device) -> _Luts:
-    hit = _LUTS.get(device)
-    if hit is None:
-        f16, b16 = (CLASS_OF[name] for name in FORMATS)
-        pair = [a * len(CLASSES) + b for a, b in zip(f16, b16)]
-        rank, magnitude = [NBUCKETS] * NBUCKETS, [math.inf] * (NBUCKETS + 1)
-        for key, b in enumerate(BUCKETS):
-            if 0 < b.lo_mag < math.inf:
-                r = (key - _KEY_OFFSET) & (_KEY_OFFSET - 1)  # sign dropped: exponent and first mantissa bit
-                rank[key] = r
-                magnitude[r] = b.lo_mag
-        hit = _LUTS[device] = _Luts(*(torch.tensor(v, dtype=dt, device=device) for v, dt in (
-            (pair, torch.int32), (rank, torch.int32), (magnitude, torch.float32))))
-    return hit
+    return _memo(_LUTS, device, lambda: _make_luts(device))
+
+
+def _make_luts(device: torch.device) -> _Luts:
+    f16, b16 = (CLASS_OF[name] for name in FORMATS)
+    pair = [a * len(CLASSES) + b for a, b in zip(f16, b16)]
+    rank, magnitude = [NBUCKETS] * NBUCKETS, [math.inf] * (NBUCKETS + 1)
+    for key, b in enumerate(BUCKETS):
+        if 0 < b.lo_mag < math.inf:
+            r = (key - _KEY_OFFSET) & (_KEY_OFFSET - 1)  # sign dropped: exponent and first mantissa bit
+            rank[key] = r
+            magnitude[r] = b.lo_mag
+    return _Luts(*(torch.tensor(v, dtype=dt, device=device) for v, dt in (
+        (pair, torch.int32), (rank, torch.int32), (magnitude, torch.float32))))
 
 
 ROW = 2 + len(FORMATS) * len(CLASSES) + 1  # values per tensor in Batch.rows()

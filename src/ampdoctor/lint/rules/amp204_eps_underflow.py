@@ -64,25 +64,19 @@ class EpsUnderflow(Rule):
         self._cls_stack: list[cst.ClassDef] = []
         self._dividing: set[int] = set()  # functions (and their enclosing ones) with something _scan looks at
 
-    def _mark(self) -> None:
-        for p in self.ctx.ancestors():
-            if isinstance(p, cst.FunctionDef):
-                if id(p) in self._dividing:
-                    return  # so are the ones around it
-                self._dividing.add(id(p))
-
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         if isinstance(node.operator, (cst.Divide, cst.Power)):
-            self._mark()
+            h.mark_enclosing_functions(self.ctx, self._dividing)
 
     # -- float16 evidence ----------------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
         f = node.func
+        q = names.qualified(f)
         last = f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else ""
-        if last in _SCANNED_CALLS or (names.qualified(f) or "").rsplit(".", 1)[-1] in _SCANNED_CALLS:
-            self._mark()
-        if not self.trains and (h.method_call(node, "backward") or nu.is_optimizer_class(names.qualified(node.func))):
+        if last in _SCANNED_CALLS or (q or "").rsplit(".", 1)[-1] in _SCANNED_CALLS:
+            h.mark_enclosing_functions(self.ctx, self._dividing)
+        if not self.trains and (h.method_call(node, "backward") or nu.is_optimizer_class(q)):
             self.trains = True
         ac = h.autocast_call(names, node)
         if ac is not None:
@@ -99,7 +93,6 @@ class EpsUnderflow(Rule):
         if nu.cast_target(names, node) == "float16":
             self.pure = True
             return
-        q = names.qualified(node.func)
         if q in ("torch.set_default_dtype", "torch.set_default_tensor_type") and node.args:
             a = node.args[0].value
             if h.dtype_of(names, a) == "float16" or (names.qualified(a) or h.string_value(a) or "").endswith("HalfTensor"):

@@ -50,9 +50,7 @@ class DtypeRestoreAfterRebind(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         if self._restore(node) is not None:
-            for p in self.ctx.ancestors():
-                if isinstance(p, cst.FunctionDef):
-                    self._restoring.add(id(p))
+            h.mark_enclosing_functions(self.ctx, self._restoring)
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         if id(node) not in self._restoring:
