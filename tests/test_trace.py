@@ -86,10 +86,16 @@ def test_scaler_skips_are_reported_per_step():
     _, rep = trace_json("scaler_skips.py")
     sc = rep["scaler"]
     assert sc["initial_scale"] == 2.0 ** 24
-    assert sc["skipped_steps"] >= 3 and sc["steps"][0]["skipped"] is True
     assert sc["final_scale"] < sc["initial_scale"]
-    assert [f["kind"] for f in rep["findings"]] == ["scaler"]
-    assert sc["steps"][0]["first_nonfinite_grad"] is not None
+    # the initial back-off from 2**24 is the scaler at work, not a finding
+    assert [s["health"] for s in sc["steps"][:6]] == ["warmup"] * 5 + ["ok"]
+    assert sc["warmup_skips"] == 5
+    # step 7 skips again at a scale that had worked: only the bias gradient of the last layer
+    # (a sum over the batch in float16) overflowed, every activation gradient was finite
+    assert sc["steps"][7]["health"] == "unexpected" and sc["steps"][7]["nonfinite_params"] == ["2.bias"]
+    assert [f["kind"] for f in rep["findings"]] == ["nonfinite", "scaler"]
+    assert "`2.bias`" in rep["findings"][1]["message"]
+    assert rep["first_nonfinite"] == {"module": None, "phase": "param", "step": 7, "op": None, "params": ["2.bias"]}
 
 
 def test_json_contract_fields():
@@ -397,7 +403,8 @@ def test_several_roots_are_named_apart():
         a(torch.ones(1, 2))
         b(torch.ones(1, 2))
     names = sorted(r["module"] for r in t.report()["modules"])
-    assert names == ["(Linear)", "Sequential", "Sequential.0"]
+    # one model with submodules keeps bare names; a lone layer beside it gets its variable's name
+    assert names == ["(Sequential)", "0", "a"]
 
 
 def test_memory_is_flat_over_many_steps():

@@ -1,31 +1,50 @@
-"""``--ops``: find the aten op that first produced a non-finite value.
+"""``--ops``: name the aten op (forward) or the autograd node (backward) that first produced a
+non-finite value.
 
-With ``--ops`` the tracer keeps a copy of each module call's inputs and RNG state and, after
-the call, checks (with a host sync: this is a debugging mode) whether finite inputs gave
-non-finite outputs. The first such call is replayed once under a TorchDispatchMode that checks
-every op's inputs and outputs. An op that writes an explicit ±inf (``masked_fill(mask, -inf)``,
-``full(-inf)``) is an intentional mask, not an origin; a NaN that such a mask later causes (a
-softmax over a fully masked row) is attributed to the op that produced the NaN, with a note.
+With ``--ops`` the tracer keeps, for each module call, a copy of its inputs (positional and
+keyword), the RNG state and the autocast state from just before the call, and the gradients that
+flowed into its outputs. After each call it checks, with a host sync (this is a debugging mode),
+whether finite inputs gave non-finite outputs; the first such call is replayed once under a
+TorchDispatchMode that checks every op. When a step's backward analysis names a module whose
+backward turned finite gradients into non-finite ones, that call is replayed forward and
+backward under anomaly mode, with a hook on every autograd node of the replayed graph, which
+names the node (``SqrtBackward0``) and the forward line that created it.
+
+A replay never touches the real run: it runs on a copy of the module that shares its
+parameters and has its own copies of the buffers (a train-mode BatchNorm does not count a batch
+twice), on copies of the inputs (a KV cache in the keyword arguments is not appended to twice),
+and the RNG state is put back afterwards. An op that writes an explicit ±inf
+(``masked_fill(mask, -inf)``) is an intentional mask, not an origin; a NaN that such a mask later
+causes (a softmax over a fully masked row) is attributed to the op that produced the NaN, with a
+note.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import math
+import re
+import sys
+import warnings
+import weakref
 
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampdoctor.trace.tensors import skip_reason, tensors_in
+
 _FILLS = {"masked_fill", "masked_fill_", "fill", "fill_", "full", "full_like", "new_full", "where",
           "scalar_tensor", "index_put", "index_put_", "masked_scatter", "masked_scatter_", "copy_", "_to_copy",
           "clone", "lift_fresh", "detach", "view", "_unsafe_view", "expand", "t", "transpose", "permute",
           "reshape", "unsqueeze", "squeeze", "slice", "select", "contiguous", "alias"}
+_NODE_LIMIT = 20_000
 
 
 def _tensors(tree) -> list[torch.Tensor]:
-    from ampdoctor.trace.tracer import tensors_in
-
-    return [t for t in tensors_in(tree) if t.is_floating_point() and t.numel() > 0 and t.device.type != "meta"]
+    return [t for t in tensors_in(tree) if skip_reason(t) is None]
 
 
 def _state(ts: list[torch.Tensor]) -> tuple[bool, bool]:
@@ -56,14 +75,13 @@ class _OriginMode(TorchDispatchMode):
         if self.origin is not None:
             return out
         name = func.overloadpacket.__name__
-        ins = _tensors((args, kwargs))
         outs = _tensors(out)
         if not outs:
             return out
         out_nan, out_inf = _state(outs)
         if not (out_nan or out_inf):
             return out
-        in_nan, in_inf = _state(ins)
+        in_nan, in_inf = _state(_tensors((args, kwargs)))
         intentional = name in _FILLS and _has_inf_scalar((args, kwargs))
         if out_inf and not in_inf and not out_nan and intentional:
             self.mask_ops.append(f"aten.{name}")
@@ -76,50 +94,282 @@ class _OriginMode(TorchDispatchMode):
         return out
 
 
+# -- copies that cannot reach back into the real run -----------------------------------------------
+def _walk_tensors(obj, out: dict, depth: int = 0, budget: list | None = None) -> None:
+    budget = budget if budget is not None else [10_000]
+    if budget[0] <= 0 or depth > 5:
+        return
+    budget[0] -= 1
+    if isinstance(obj, torch.Tensor):
+        out.setdefault(id(obj), obj)
+        return
+    if obj is None or isinstance(obj, (str, bytes, int, float, bool, type, torch.nn.Module)):
+        return
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = list(obj)
+    elif dataclasses.is_dataclass(obj):
+        items = [getattr(obj, f.name, None) for f in dataclasses.fields(obj)]
+    else:
+        d = getattr(obj, "__dict__", None)
+        items = list(d.values()) if isinstance(d, dict) else []
+    for v in items:
+        _walk_tensors(v, out, depth + 1, budget)
+
+
+def clone_tree(obj, grad: bool = False):
+    """A deep copy of a module call's arguments in which every tensor is a detached clone (which
+    requires grad when ``grad`` and the original did)."""
+    found: dict[int, torch.Tensor] = {}
+    _walk_tensors(obj, found)
+    memo: dict = {}
+    for tid, t in found.items():
+        c = t.detach().clone()
+        if grad and t.requires_grad and c.is_floating_point():
+            c.requires_grad_(True)
+        memo[tid] = c
+    memo[id(memo)] = list(found.values())  # keep the originals alive while copying
+    return copy.deepcopy(obj, memo)
+
+
+def copy_module(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the module that shares its parameters and owns copies of its buffers and of its
+    other state, so that running it changes nothing the real module holds."""
+    memo: dict = {}
+    for p in module.parameters():
+        memo[id(p)] = p
+    for b in module.buffers():
+        memo[id(b)] = b.detach().clone()
+    for m in module.modules():
+        for v in vars(m).values():
+            if isinstance(v, torch.Tensor) and id(v) not in memo:
+                memo[id(v)] = v.detach()
+    memo[id(memo)] = [module]
+    return copy.deepcopy(module, memo)
+
+
+def _rng():
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
+    out = []
+    for dev in ("cpu", "cuda"):
+        if dev == "cuda" and not torch.cuda.is_available():
+            continue
+        try:
+            out.append((dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))
+        except (TypeError, RuntimeError, AttributeError):  # pragma: no cover - older torch
+            pass
+    return out
+
+
+@contextlib.contextmanager
+def _as_before(saved: "_Saved"):
+    """RNG and autocast as they were just before the real call; the RNG is put back after."""
+    now = _rng()
+    try:
+        torch.set_rng_state(saved.rng[0])
+        if saved.rng[1] is not None:
+            torch.cuda.set_rng_state_all(saved.rng[1])
+        with contextlib.ExitStack() as stack:
+            for dev, enabled, dtype in saved.autocast:
+                stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=enabled))
+            yield
+    finally:
+        torch.set_rng_state(now[0])
+        if now[1] is not None:
+            torch.cuda.set_rng_state_all(now[1])
+
+
+@dataclasses.dataclass
+class _Saved:
+    module: "weakref.ref"
+    args: object
+    kwargs: dict
+    rng: tuple
+    autocast: list
+    needs_grad: bool = False
+
+
+def _call_kwargs() -> dict:
+    """The keyword arguments of the module call whose forward pre-hook is running (the global
+    pre-hook is not given them)."""
+    f = sys._getframe(1)
+    for _ in range(8):
+        f = f.f_back
+        if f is None:
+            break
+        if f.f_code.co_name == "inner" and f.f_code.co_filename.endswith("module.py"):
+            kw = f.f_locals.get("kwargs")
+            return kw if isinstance(kw, dict) else {}
+    return {}
+
+
+_TB_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+
+
+def _forward_line(node) -> str | None:
+    """The forward line that created an autograd node, from anomaly mode's record of it."""
+    try:
+        tb = node.metadata.get("traceback_")
+    except Exception:
+        return None
+    if not tb:
+        return None
+    text = tb if isinstance(tb, str) else "".join(tb)
+    frames = _TB_LINE.findall(text)
+    torch_dir = torch.__file__.rsplit("/", 1)[0]
+    own = __file__.rsplit("/", 2)[0]
+    user = [f for f in frames if not f[0].startswith(torch_dir) and not f[0].startswith(own)]
+    if not user:
+        return None
+    path, line, fn, code = user[-1]
+    return f"{path}:{line} in {fn}: {code.strip()}"
+
+
 class Replayer:
     def __init__(self, tracer) -> None:
         self.tracer = tracer
-        self.saved: list[tuple] = []
-        self.done = False
+        self.forward_done = False
+        self.forward_ops: dict[int, dict] = {}  # id(call) -> what the forward replay found
+        self.grads: dict[int, torch.Tensor] = {}  # tensor id -> the gradient that flowed into it
+        self.backward_done = False
 
-    def before(self, module, args) -> None:
-        if self.done:
-            self.saved.append(None)
+    # -- during the run ----------------------------------------------------------------------------
+    def before(self, call, module, args) -> None:
+        if self.forward_done and self.backward_done:
             return
-        cloned = pytree.tree_map(lambda a: a.detach().clone() if isinstance(a, torch.Tensor) else a, args)
-        rng = torch.get_rng_state()
-        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        self.saved.append((cloned, rng, cuda_rng))
+        try:
+            kwargs = _call_kwargs()
+            saved = _Saved(weakref.ref(module), clone_tree(args), clone_tree(kwargs), _rng(), _autocast_state())
+        except Exception as exc:  # inputs that cannot be copied: no replay for this call
+            self.tracer.notes.setdefault("replay", f"--ops could not copy the inputs of a "
+                                                   f"{type(module).__name__} call ({type(exc).__name__}: {exc})")
+            return
+        call.replay = saved
 
-    def after(self, module, args, kwargs, output, name: str) -> None:
-        saved = self.saved.pop() if self.saved else None
-        if self.done or saved is None:
+    def after(self, call, module, args, kwargs, output) -> None:
+        saved = call.replay
+        if saved is None:
             return
-        cloned, rng, cuda_rng = saved
-        ins = _tensors(cloned)
-        outs = _tensors(output)
-        if not outs or any(_state(ins)) or not any(_state(outs)):
+        saved.needs_grad = any(t.requires_grad for t in _tensors(output))
+        if not saved.needs_grad or self.backward_done:
+            call.replay = None  # nothing will flow back into it: drop the copies now
+        if self.forward_done:
             return
-        self.done = True
-        origin = self._replay(module, cloned, kwargs or {}, rng, cuda_rng)
-        self.tracer.op_origin = {"module": name, "class": type(module).__name__, "step": self.tracer.steps,
-                                 **(origin or {"op": None, "produced": None,
-                                               "note": "the replay did not reproduce the non-finite value"})}
+        if not _tensors(output) or any(_state(_tensors((saved.args, saved.kwargs)))) \
+                or not any(_state(_tensors(output))):
+            return
+        self.forward_done = True
+        origin = self._replay_forward(module, saved)
+        self.forward_ops[id(call)] = origin or {"op": None, "produced": None,
+                                                "note": "the replay did not reproduce the non-finite value"}
 
-    def _replay(self, module, args, kwargs, rng, cuda_rng) -> dict | None:
+    def grad(self, gid: int, grad: torch.Tensor) -> None:
+        if not self.backward_done:
+            self.grads[gid] = grad
+
+    def end_step(self) -> None:
+        self.grads.clear()
+
+    # -- what the tracer asks when a step ends -------------------------------------------------------
+    def forward_origin(self, call) -> dict | None:
+        return self.forward_ops.get(id(call))
+
+    def backward_origin(self, call, candidates: list) -> dict | None:
+        if self.backward_done:
+            return None
+        self.backward_done = True
+        note = None
+        for c in candidates or [call]:
+            saved = c.replay
+            if saved is None:
+                note = note or "the inputs of that call were not kept"
+                continue
+            found = self._replay_backward(c, saved)
+            if found and found.get("node"):
+                found["candidate"] = c
+                return found
+            note = note or (found or {}).get("note")
+        return {"node": None, "line": None, "note": note or "the replay did not reproduce the non-finite gradient"}
+
+    # -- replays -------------------------------------------------------------------------------------
+    def _replay_forward(self, module, saved: _Saved) -> dict | None:
         tracer = self.tracer
         tracer._active = False  # the replay's own module calls are not traced
-        saved_rng = torch.get_rng_state()
         try:
-            torch.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state_all(cuda_rng)
+            mod = copy_module(module)
+            args, kwargs = clone_tree(saved.args), clone_tree(saved.kwargs)
             mode = _OriginMode()
-            with torch.no_grad(), mode:
-                module(*args, **kwargs)
+            with _as_before(saved), torch.no_grad(), mode:
+                mod(*args, **kwargs)
             return mode.origin
-        except Exception as exc:  # a module that cannot be re-run on its inputs
+        except Exception as exc:  # a module that cannot be copied or re-run on its inputs
             return {"op": None, "produced": None, "note": f"replay failed: {type(exc).__name__}: {exc}"}
         finally:
-            torch.set_rng_state(saved_rng)
             tracer._active = True
+
+    def _replay_backward(self, call, saved: _Saved) -> dict | None:
+        module = saved.module()
+        if module is None:
+            return {"note": "the module no longer exists"}
+        grads = [self.grads.get(g) for g in call.outs]
+        if not any(g is not None for g in grads):
+            return {"note": "the gradients of its outputs were not kept"}
+        tracer = self.tracer
+        tracer._active = False
+        try:
+            mod = copy_module(module)
+            args, kwargs = clone_tree(saved.args, grad=True), clone_tree(saved.kwargs, grad=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with _as_before(saved), torch.enable_grad(), torch.autograd.set_detect_anomaly(True, False):
+                    out = mod(*args, **kwargs)
+                    outs = _tensors(out)
+                    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+                    if not pairs:
+                        return {"note": "the replayed outputs need no gradient"}
+                    found: dict = {}
+                    handles = self._hook_nodes([o.grad_fn for o, _ in pairs if o.grad_fn is not None], found)
+                    leaves = [t for t in tensors_in((args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad
+                              and t.grad_fn is None]
+                    leaves += [p for p in mod.parameters() if p.requires_grad]
+                    try:
+                        torch.autograd.grad([o for o, _ in pairs], leaves, [g.to(o.dtype) for o, g in pairs],
+                                            allow_unused=True)
+                    finally:
+                        for h in handles:
+                            h.remove()
+            return found or {"note": "the replay did not reproduce the non-finite gradient"}
+        except Exception as exc:
+            return {"note": f"replay failed: {type(exc).__name__}: {exc}"}
+        finally:
+            tracer._active = True
+
+    @staticmethod
+    def _hook_nodes(roots: list, found: dict) -> list:
+        handles, seen, todo = [], set(), list(roots)
+        while todo and len(seen) < _NODE_LIMIT:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if type(node).__name__ == "AccumulateGrad":
+                continue
+
+            def hook(grad_inputs, grad_outputs, node=node):
+                if found:
+                    return None
+                produced = [g for g in grad_inputs if isinstance(g, torch.Tensor) and g.is_floating_point()]
+                incoming = [g for g in grad_outputs if isinstance(g, torch.Tensor) and g.is_floating_point()]
+                out_nan, out_inf = _state(produced)
+                if (out_nan or out_inf) and not any(_state(incoming)):
+                    found.update({"node": type(node).__name__, "produced": "nan" if out_nan else "inf",
+                                  "line": _forward_line(node), "note": None})
+                return None
+            handles.append(node.register_hook(hook))
+            todo.extend(n for n, _ in node.next_functions)
+        return handles

@@ -1,41 +1,32 @@
-"""The runtime tracer: global module hooks, gradient hooks and GradScaler bookkeeping.
+"""The runtime tracer: global module hooks, gradient hooks, loss and parameter-gradient probes and
+GradScaler bookkeeping.
 
-Statistics stay on the device during a step; at each optimizer step (or ``scaler.update()``)
-all of them are copied to the host in one transfer and folded into per-module summaries.
-Every hook and patch is removed in ``__exit__``, also when the traced code raises.
+Statistics stay on the device during a step; when the step ends (an optimizer step or
+``scaler.update()``, or, in a run with no optimizer, each top-level forward) all of them are
+copied to the host in one transfer and folded into per-module summaries. Names are resolved
+from the script's module trees when a step ends (see ``naming``). Nothing the tracer does can
+stop the traced program: an error inside the tracer is caught, reported once as a note, and
+tracing stops while the program goes on. Every hook and patch is removed in ``__exit__``, also
+when the traced code raises.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-import dataclasses
 
+from ampdoctor.trace import params as pm
 from ampdoctor.trace import stats as st
 from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
+from ampdoctor.trace.naming import Namer, find_instances
+from ampdoctor.trace.tensors import in_functorch_transform, skip_reason, tensors_in
 
-
-def tensors_in(obj, depth: int = 0) -> list:
-    """Every tensor in a module's inputs or outputs: tuples, lists, dicts (``ModelOutput`` too),
-    dataclasses and namedtuples, to a bounded depth; anything else is skipped."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if depth > 6 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return []
-    if isinstance(obj, (list, tuple)):
-        if all(isinstance(v, torch.Tensor) for v in obj):  # the common case, without recursion
-            return list(obj)
-        return [t for v in obj for t in tensors_in(v, depth + 1)]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in tensors_in(v, depth + 1)]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [t for f in dataclasses.fields(obj) for t in tensors_in(getattr(obj, f.name, None), depth + 1)]
-    return []
-
+__all__ = ["StopTracing", "Tracer", "tensors_in"]
 
 try:
     _compiling = torch.compiler.is_compiling
@@ -43,21 +34,29 @@ except AttributeError:  # pragma: no cover - older torch
     def _compiling() -> bool:
         return False
 
+_current_node = torch._C._current_autograd_node
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
 
 class StopTracing(BaseException):
-    """Raised from the optimizer hook after ``max_steps`` steps to end the traced program."""
+    """Raised when ``max_steps`` steps have ended, to end the traced program."""
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt).replace("torch.", "")
+    return name
 
 
 @dataclass(slots=True)
 class _Pending:
     """One measured tensor waiting for the step's transfer."""
 
-    module: str  # the first module that measured it
-    cls: str
-    role: str  # "input", "output" or "grad"
+    gid: int
     dtype: str
     numel: int
     sampled: int
@@ -65,11 +64,28 @@ class _Pending:
     slot: int  # its place in the device's batch
 
 
+class _Call:
+    """One module call: its key, the call that was running when it started, and the ids of the
+    tensors it read and wrote."""
+
+    __slots__ = ("key", "parent", "ins", "outs", "child_origin", "recompute", "replay", "top")
+
+    def __init__(self, key: int, parent: "_Call | None", recompute: bool = False) -> None:
+        self.key = key
+        self.parent = parent
+        self.ins: list[int] = []
+        self.outs: list[int] = []
+        self.child_origin = False  # a call inside it was an origin
+        self.recompute = recompute  # a checkpoint recomputation during backward
+        self.replay = None
+        self.top = parent is None
+
+
 @dataclass
 class ModuleAgg:
     """Everything seen for one (module, phase) over the run."""
 
-    module: str
+    key: int
     cls: str
     phase: str
     dtypes: set[str] = field(default_factory=set)
@@ -105,14 +121,71 @@ class ModuleAgg:
             for k, v in cl.items():
                 acc[k] += v
 
+    def merge(self, other: "ModuleAgg") -> None:
+        self.dtypes |= other.dtypes
+        self.tensors_fp32 |= other.tensors_fp32
+        self.calls += other.calls
+        self.absmax = math.nan if math.isnan(other.absmax) or math.isnan(self.absmax) else max(self.absmax,
+                                                                                                 other.absmax)
+        self.min_nonzero = min(self.min_nonzero, other.min_nonzero)
+        self.elements += other.elements
+        for f, cl in other.classes.items():
+            for k, v in cl.items():
+                self.classes[f][k] += v
+        for name in ("nonfinite_steps", "origin_steps", "overflow_steps", "exceed_steps"):
+            setattr(self, name, sorted(set(getattr(self, name)) | set(getattr(other, name))))
+
+
+@dataclass
+class ParamAgg:
+    """One parameter's gradients over the run (measured when the optimizer was about to use them)."""
+
+    key: int
+    dtypes: set[str] = field(default_factory=set)
+    steps: int = 0
+    absmax: float = 0.0
+    elements: float = 0.0
+    classes: dict[str, dict[str, float]] = field(default_factory=lambda: {
+        f: dict.fromkeys(st.CLASSES, 0.0) for f in FORMATS})
+    nonfinite_steps: list[int] = field(default_factory=list)
+    scaled: bool = False  # measured before GradScaler.unscale_ (the values are loss-scaled)
+
 
 @dataclass
 class StepRecord:
+    """What the GradScaler did in one step."""
+
     step: int
     scale: float | None = None
     new_scale: float | None = None
     skipped: bool | None = None
-    first_bad_grad: str | None = None
+    first_bad_grad: int | None = None  # the module key of the step's backward origin
+    bad_params: list[int] = field(default_factory=list)
+    grads_nonfinite: bool = False  # any activation gradient was non-finite
+
+
+@dataclass
+class Origin:
+    """Where a non-finite value first appeared in one step."""
+
+    step: int
+    phase: str  # "forward", "loss", "backward" or "param"
+    key: int | None  # module key; None for the loss and for code outside any module
+    kind: str  # "overflow" or "nonfinite"
+    produced: str = "nan"  # "nan" or "inf"
+    also: list[int] = field(default_factory=list)  # modules that cannot be told apart from this one
+    params: list[int] = field(default_factory=list)
+    node: dict | None = None  # the autograd node / aten op, when the replay could name it
+    dtype: str | None = None
+
+
+@dataclass
+class LossAgg:
+    steps: int = 0
+    absmax: float = 0.0
+    dtypes: set[str] = field(default_factory=set)
+    nonfinite_steps: list[int] = field(default_factory=list)
+    nonzero: bool = False
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -123,25 +196,32 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
-class _ScalerPatch:
-    """Wraps GradScaler.step/update (and overrides in subclasses) for the duration of the trace."""
+class _Patches:
+    """Wraps GradScaler.step/update/unscale_, torch.autograd.backward/grad and Optimizer.__init__
+    for the duration of the trace, and puts every original back in ``remove()``."""
 
     def __init__(self, tracer: "Tracer") -> None:
         self.tracer = tracer
-        self.originals: dict[type, dict[str, Any]] = {}
+        self.originals: list[tuple[object, str, object]] = []
         self.depth = 0
+
+    def _set(self, owner, name: str, value) -> None:
+        self.originals.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, value)
 
     def install(self) -> None:
         base = torch.amp.GradScaler
         for cls in [base] + sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}"):
-            own = {n: vars(cls)[n] for n in ("step", "update") if n in vars(cls)}
-            if not own:
-                continue
-            self.originals[cls] = own
+            own = vars(cls)
             if "step" in own:
-                cls.step = self._wrap_step(own["step"])
+                self._set(cls, "step", self._wrap_step(own["step"]))
             if "update" in own:
-                cls.update = self._wrap_update(own["update"])
+                self._set(cls, "update", self._wrap_update(own["update"]))
+            if "unscale_" in own:
+                self._set(cls, "unscale_", self._wrap_unscale(own["unscale_"]))
+        self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self._set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad))
+        self._set(torch.optim.Optimizer, "__init__", self._wrap_init(vars(torch.optim.Optimizer)["__init__"]))
 
     def _wrap_step(self, orig):
         tracer = self.tracer
@@ -154,34 +234,56 @@ class _ScalerPatch:
                 tracer._in_scaler_step -= 1
         return step
 
+    def _wrap_unscale(self, orig):
+        tracer = self.tracer
+
+        def unscale_(scaler, optimizer):
+            if tracer._active:
+                tracer._guard(tracer._before_unscale, scaler, optimizer)
+            return orig(scaler, optimizer)
+        return unscale_
+
     def _wrap_update(self, orig):
         tracer, patch = self.tracer, self
 
         def update(scaler, *args, **kwargs):
-            if patch.depth:  # a subclass calling super().update(): the outer call records
+            if patch.depth or not tracer._active:  # a subclass calling super().update(): the outer call records
                 return orig(scaler, *args, **kwargs)
             patch.depth += 1
             try:
-                before = found = None
-                if getattr(scaler, "_enabled", False) and getattr(scaler, "_scale", None) is not None:
-                    before = scaler._scale.detach().clone()
-                    infs = [f for state in scaler._per_optimizer_states.values()
-                            for f in state.get("found_inf_per_device", {}).values()]
-                    if infs:
-                        found = torch.stack([f.to(before.device).reshape(()) for f in infs]).sum()
+                before = tracer._guard(tracer._scaler_before, scaler)
                 result = orig(scaler, *args, **kwargs)
                 if before is not None:
-                    tracer._scaler_state(scaler, before, found, scaler._scale.detach().clone())
+                    tracer._guard(tracer._scaler_after, scaler, before)
             finally:
                 patch.depth -= 1
             tracer._end_step()
             return result
         return update
 
+    def _wrap_backward(self, orig):
+        tracer = self.tracer
+
+        def backward(tensors, *args, **kwargs):
+            if tracer._active and _current_node() is None:
+                tracer._guard(tracer._loss, tensors)
+            return orig(tensors, *args, **kwargs)
+        backward.__wrapped__ = orig
+        backward.__name__ = getattr(orig, "__name__", "backward")
+        backward.__doc__ = getattr(orig, "__doc__", None)
+        return backward
+
+    def _wrap_init(self, orig):
+        tracer = self.tracer
+
+        def __init__(optimizer, *args, **kwargs):
+            tracer._optimizer_made = True
+            return orig(optimizer, *args, **kwargs)
+        return __init__
+
     def remove(self) -> None:
-        for cls, own in self.originals.items():
-            for name, fn in own.items():
-                setattr(cls, name, fn)
+        for owner, name, value in reversed(self.originals):
+            setattr(owner, name, value)
         self.originals.clear()
 
 
@@ -193,6 +295,9 @@ class Tracer:
     >>> report = t.report()
     """
 
+    PARTIAL = 1 << 13  # measured tensors waiting in one step before they are counted early
+    KEEP_CALLS = 1 << 16  # module calls kept for the backward analysis of one step
+
     def __init__(self, target: str | None = None, *, grads: bool = True, ops: bool = False,
                  max_steps: int | None = None) -> None:
         if target is not None and target not in FORMATS:
@@ -202,24 +307,32 @@ class Tracer:
         self.ops = ops
         self.max_steps = max_steps
         self.steps = 0
+        self.optimizer_steps = 0
+        self.transfers = 0
         self.step_records: list[StepRecord] = []
-        self.modules: dict[tuple[str, str], ModuleAgg] = {}
-        self.first_nonfinite: dict | None = None
-        self.first_offender_calls: list[dict] = []
+        self.modules: dict[tuple[int, str], ModuleAgg] = {}
+        self.params: dict[int, ParamAgg] = {}
+        self.origins: list[Origin] = []
+        self.loss = LossAgg()
         self.op_origin: dict | None = None
-        self.parents: dict[str, tuple[str, ...]] = {}
         self.scaler_meta: dict | None = None
         self.not_traced: set[str] = set()  # classes of modules that ran inside torch.compile
         self.dtypes_seen: set[str] = set()
-        self.transfers = 0
-        self._names: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, str]]" = weakref.WeakKeyDictionary()
-        self._roots: list[str] = []
+        self.skipped: dict[str, int] = {}  # kinds of tensors that were not measured -> count
+        self.notes: dict[str, str] = {}
+        self.namer = Namer()
+        self.modules_ran = False
+        self._patches = _Patches(self)
         self._handles: list = []
-        self._scaler = _ScalerPatch(self)
         self._in_scaler_step = 0
-        self._stack: list[list[int]] = []  # input records of the module calls in progress
+        self._stack: list[_Call | None] = []
         self._active = False
         self._replayer = None
+        self._optimizer_made = False
+        self._training: bool | None = None
+        self._gid = 0
+        self._carry_calls: list[_Call] = []
+        self._carry_hooked: dict[int, list[_Call]] = {}
         self._reset_step()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -230,8 +343,9 @@ class Tracer:
         self._handles.append(nn_module.register_module_forward_pre_hook(self._pre_hook))
         self._handles.append(nn_module.register_module_forward_hook(self._post_hook, with_kwargs=True,
                                                                     always_call=True))
+        self._handles.append(optim_module.register_optimizer_step_pre_hook(self._optimizer_pre_hook))
         self._handles.append(optim_module.register_optimizer_step_post_hook(self._optimizer_hook))
-        self._scaler.install()
+        self._patches.install()
         if self.ops:
             from ampdoctor.trace.replay import Replayer
             self._replayer = Replayer(self)
@@ -242,232 +356,580 @@ class Tracer:
         self.close()
 
     def close(self) -> None:
-        if not self._active:
+        if not self._handles:
             return
-        self._active = False
+        was_active, self._active = self._active, False
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._scaler.remove()
+        self._patches.remove()
         try:
-            if self._pending or self._scaler_pending:
-                self._flush()
-                self.steps += 1  # work after the last optimizer step (or inference) counts as a step
+            if was_active and (self._pending or self._calls or self._parts or self._bwd or self._top_done):
+                self._flush(end_step=True, count=True)
+            if self.namer.pending:
+                self.namer.resolve()
+        except Exception as exc:  # never let the tracer's own bookkeeping fail the caller
+            self._note_error(exc, "the last step")
         finally:
             self._reset_step()
             self._stack.clear()
+            self._carry_calls, self._carry_hooked = [], {}
 
-    # -- naming ----------------------------------------------------------------------------
-    def _name(self, module: torch.nn.Module) -> tuple[str, str]:
-        hit = self._names.get(module)
-        if hit is not None:
-            return hit
-        # an unseen module called at the top level is a new root: name its whole tree
-        cls = type(module).__name__
-        prefix = ""
-        if self._roots:
-            prefix = f"{cls}#{len(self._roots)}" if cls in self._roots else cls
-        self._roots.append(cls)
-        root_name = prefix or f"({cls})"
-        for name, sub in module.named_modules():
-            if sub in self._names:
-                continue
-            full = ".".join(p for p in (prefix, name) if p) or root_name
-            self._names[sub] = (full, type(sub).__name__)
-            parts = name.split(".") if name else []
-            chain = [root_name] + [".".join(p for p in (prefix, ".".join(parts[:i])) if p) for i in range(1, len(parts))]
-            self.parents[full] = tuple(c for c in chain if c != full)
-        return self._names.get(module, (root_name, cls))
+    # -- never fail the traced program ------------------------------------------------------------
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except (StopTracing, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            self._note_error(exc, getattr(fn, "__name__", "a hook").strip("_").replace("_", " "))
+            return None
+
+    def _note_error(self, exc: BaseException, where: str) -> None:
+        if os.environ.get("AMPDOCTOR_DEBUG"):
+            raise exc
+        self._active = False
+        self._stack.clear()
+        self.notes.setdefault("error", f"not traced after step {self.steps}: the tracer failed in {where} "
+                                       f"({type(exc).__name__}: {exc}); the script went on untraced")
+
+    def _skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     # -- hooks -------------------------------------------------------------------------------
-    @staticmethod
-    def _in_backward() -> bool:
-        # forward hooks that fire during backward are activation-checkpoint recomputations
-        return torch._C._current_autograd_node() is not None
-
     def _pre_hook(self, module, args):
-        if not self._active or self._in_backward():
+        if not self._active:
             return None
         if _compiling():  # inside torch.compile: reported as not traced, never baked into a graph
             self.not_traced.add(type(module).__name__)
             return None
-        name, cls = self._name(module)
-        refs = [self._measure(t, name, cls, "input") for t in tensors_in(args) if st.measurable(t)]
-        self._stack.append(refs)
-        if self._replayer is not None:
-            self._replayer.before(module, args)
+        try:
+            if in_functorch_transform():
+                self._stack.append(None)
+                self._skip("modules inside torch.func transforms (vmap/grad)")
+                return None
+            self._enter_call(module, args)
+        except (StopTracing, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            self._note_error(exc, f"the forward pre-hook of {type(module).__name__}")
         return None
 
-    def _measure(self, t: torch.Tensor, name: str, cls: str, role: str) -> int:
-        """Index of this tensor's statistics in the step, measuring it only once."""
-        seen = self._seen.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t._version:
-            return seen[2]
-        self._pending.append(self._stage(t, name, cls, role))
-        idx = len(self._pending) - 1
+    def _enter_call(self, module, args) -> None:
+        recompute = _current_node() is not None  # forward hooks during backward: checkpoint recomputation
+        stack = self._stack
+        if not stack and not recompute:
+            self._top_start()
+        parent = None
+        for c in reversed(stack):
+            if c is not None:
+                parent = c
+                break
+        call = _Call(self.namer.key(module, parent.key if parent is not None else None), parent, recompute)
+        stack.append(call)
+        if recompute:
+            return
+        self.modules_ran = True
+        measure = self._measure
+        for t in tensors_in(args):
+            gid = measure(t)
+            if gid is not None:
+                call.ins.append(gid)
+        if self._replayer is not None:
+            self._replayer.before(call, module, args)
+
+    def _post_hook(self, module, args, kwargs, output=None):  # no output when forward raised
+        if not self._active or _compiling() or not self._stack:
+            return None
         try:
-            self._seen[id(t)] = (weakref.ref(t), t._version, idx)
+            if in_functorch_transform():
+                if self._stack and self._stack[-1] is None:
+                    self._stack.pop()
+                return None
+            call = self._stack.pop()
+            if call is None:
+                return None
+            if call.recompute:
+                self._recomputed(call, output)
+                return None
+            self._leave_call(call, module, args, kwargs, output)
+        except (StopTracing, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            self._note_error(exc, f"the forward hook of {type(module).__name__}")
+        return None
+
+    def _leave_call(self, call: _Call, module, args, kwargs, output) -> None:
+        measure = self._measure
+        if isinstance(kwargs, dict) and kwargs:
+            for t in tensors_in(kwargs):
+                gid = measure(t)
+                if gid is not None:
+                    call.ins.append(gid)
+        grad_on = self.grads and torch.is_grad_enabled()
+        wants_grad = False
+        for t in tensors_in(output):
+            gid = measure(t)
+            if gid is None:
+                continue
+            call.outs.append(gid)
+            if grad_on and t.requires_grad and t.grad_fn is not None:  # never hook a parameter: hooks on
+                wants_grad = True                                        # leaves would outlive the trace
+                self._hook(t, gid, call)
+        if wants_grad:
+            # the gradients flowing into its inputs tell whether its own backward went non-finite
+            for t in tensors_in(args) + (tensors_in(kwargs) if isinstance(kwargs, dict) and kwargs else []):
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None and type(t) in _PLAIN:
+                    gid = self._seen_gid(t)
+                    if gid is not None:
+                        self._hook(t, gid, None)
+            self._grad_calls.append(call)
+        self._calls.append(call)
+        if self._replayer is not None:
+            self._replayer.after(call, module, args, kwargs, output)
+        if call.top:
+            self._top_end(wants_grad)
+        elif len(self._pending) >= self.PARTIAL:
+            self._flush(end_step=False)
+
+    def _recomputed(self, call: _Call, output) -> None:
+        """A forward run again in backward (activation checkpointing). With reentrant
+        checkpointing its first forward ran under no_grad, so only these outputs get gradients."""
+        if not (self.grads and torch.is_grad_enabled()):
+            return
+        hooked = False
+        for t in tensors_in(output):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None and skip_reason(t) is None:
+                gid = self._new_gid()
+                call.outs.append(gid)
+                self._hook(t, gid, call)
+                hooked = True
+        if hooked:
+            self._grad_calls.append(call)
+
+    def _new_gid(self) -> int:
+        self._gid += 1
+        return self._gid
+
+    def _seen_gid(self, t: torch.Tensor) -> int | None:
+        seen = self._seen.get(id(t))
+        if seen is not None and seen[0]() is t:
+            return seen[2]
+        return None
+
+    def _measure(self, t, small: bool = False) -> int | None:
+        """The id of this tensor's statistics in the step, measuring it only once per version."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        reason = skip_reason(t)
+        if reason is not None:
+            if reason:
+                self._skip(reason)
+            return None
+        if t.is_inference():  # no version counter: measured each time it is seen
+            return self._stage(t)
+        ver = t._version
+        seen = self._seen.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == ver:
+            return seen[2]
+        gid = self._stage(t)
+        try:
+            self._seen[id(t)] = (weakref.ref(t), ver, gid)
         except TypeError:  # pragma: no cover - tensors that refuse weak references
             pass
-        return idx
+        return gid
 
-    def _stage(self, t: torch.Tensor, name: str, cls: str, role: str) -> _Pending:
+    def _stage(self, t: torch.Tensor) -> int:
+        if type(t) not in _PLAIN:  # a subclass without its own dispatch: measure its plain values
+            with torch._C.DisableTorchFunctionSubclass():
+                t = t.as_subclass(torch.Tensor)
         dev = t.device
         batch = self._batches.get(dev)
         if batch is None:
             batch = self._batches[dev] = st.Batch(dev)
         slot = len(batch)
         n, sampled = batch.add(t)
-        dtype = _DTYPE_NAMES.get(t.dtype)
-        if dtype is None:
-            dtype = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
-        return _Pending(name, cls, role, dtype, n, sampled, dev, slot)
+        self._gid += 1
+        self._pending.append(_Pending(self._gid, _dtype_name(t.dtype), n, sampled, dev, slot))
+        return self._gid
 
-    def _post_hook(self, module, args, kwargs, output=None):  # no output when forward raised
-        if not self._active or self._in_backward() or not self._stack or _compiling():
-            return None
-        inputs = self._stack.pop()
-        name, cls = self._name(module)
-        outs = []
-        grad_on = self.grads and torch.is_grad_enabled()
-        for t in tensors_in(output):
-            if not st.measurable(t):
-                continue
-            idx = self._measure(t, name, cls, "output")
-            outs.append(idx)
-            if grad_on and t.requires_grad:
-                owners = self._grad_owners.get(idx)
-                if owners is None:
-                    owners = self._grad_owners[idx] = []
-                    t.register_hook(self._grad_hook(owners))
-                owners.append((name, cls))
-        self._calls.append((name, cls, inputs, outs))
-        if self._replayer is not None:
-            self._replayer.after(module, args, kwargs, output, name)
-        return None
+    def _hook(self, t: torch.Tensor, gid: int, owner: _Call | None) -> None:
+        owners = self._hooked.get(gid)
+        if owners is None:
+            owners = self._hooked[gid] = []
+            t.register_hook(self._grad_hook(gid))
+        if owner is not None:
+            owners.append(owner)
 
-    def _grad_hook(self, owners: list):
+    def _grad_hook(self, gid: int):
         def hook(grad):
-            if self._active and st.measurable(grad):
-                name, cls = owners[0]
-                self._pending.append(self._stage(grad, name, cls, "grad"))
-                self._bwd.append((len(self._pending) - 1, tuple(owners)))
+            if self._active:
+                try:
+                    if skip_reason(grad) is None:
+                        g = self._stage(grad)
+                        self._bwd.append((g, gid))
+                        if self._replayer is not None:
+                            self._replayer.grad(gid, grad)
+                except (StopTracing, KeyboardInterrupt):
+                    raise
+                except Exception as exc:
+                    self._note_error(exc, "a gradient hook")
             return None
         return hook
+
+    def _loss(self, tensors) -> None:
+        for t in tensors_in(tensors):
+            gid = self._measure(t)
+            if gid is not None:
+                self._loss_gids.append(gid)
+
+    def _optimizer_pre_hook(self, optimizer, args, kwargs) -> None:
+        if self._active and not self._in_scaler_step:
+            self._guard(self._probe_params, optimizer, False)
 
     def _optimizer_hook(self, optimizer, args, kwargs) -> None:
         if not self._active or self._in_scaler_step:
             return  # inside scaler.step(): the scaler's update() ends this step
         self._end_step()
 
-    def _scaler_state(self, scaler, before, found, after) -> None:
-        self._scaler_pending.append((before, found, after))
+    def _before_unscale(self, scaler, optimizer) -> None:
+        if not getattr(scaler, "_enabled", False):
+            return
+        state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer))
+        stage = state.get("stage") if isinstance(state, dict) else None
+        if stage is None or getattr(stage, "name", "READY") == "READY":
+            self._probe_params(optimizer, True)
+
+    def _probe_params(self, optimizer, scaled: bool) -> None:
+        if not self.grads:
+            return
+        by_dev: dict[torch.device, tuple[list, list]] = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                g = getattr(p, "grad", None)
+                if g is None or not isinstance(g, torch.Tensor) or skip_reason(g) is not None \
+                        or g.is_inference():
+                    continue
+                keys, grads = by_dev.setdefault(g.device, ([], []))
+                keys.append(self.namer.param_key(p))
+                grads.append(g.detach())
+        for dev, (keys, grads) in by_dev.items():
+            flat, lengths = pm.measure(grads)
+            dtypes = [_dtype_name(g.dtype) for g in grads]
+            numels = [g.numel() for g in grads]
+            self._parts.append((flat, ("params", keys, dtypes, numels, lengths, scaled)))
+
+    def _scaler_before(self, scaler):
+        if not getattr(scaler, "_enabled", False) or getattr(scaler, "_scale", None) is None:
+            return None
+        before = scaler._scale.detach().clone()
+        infs = [f for state in scaler._per_optimizer_states.values()
+                for f in state.get("found_inf_per_device", {}).values()]
+        found = torch.stack([f.to(before.device).reshape(()) for f in infs]).sum() if infs else None
+        return before, found
+
+    def _scaler_after(self, scaler, before) -> None:
+        before, found = before
+        after = scaler._scale.detach().clone()
+        z = torch.zeros((), device=before.device, dtype=before.dtype) if found is None else found
+        flat = torch.stack([before.reshape(()).double(), z.reshape(()).double(), after.reshape(()).double()])
+        self._parts.append((flat, ("scaler",)))
         self.scaler_meta = {"growth_interval": scaler._growth_interval, "growth_factor": scaler._growth_factor,
                             "backoff_factor": scaler._backoff_factor, "init_scale": scaler._init_scale}
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _is_training(self) -> bool:
+        """Whether steps end at the optimizer: it has stepped, or one exists."""
+        if self.optimizer_steps or self._optimizer_made:
+            return True
+        if self._training is None:
+            self._training = find_instances((torch.optim.Optimizer, torch.amp.GradScaler))
+        return self._training
+
+    def _top_start(self) -> None:
+        if self._top_done and not self._is_training():
+            self._flush(end_step=True, count=True)
+
+    def _top_end(self, wants_grad: bool) -> None:
+        self._top_done = True
+        if not self._is_training():
+            if not wants_grad:  # nothing can flow back into it: the forward pass is the step
+                self._flush(end_step=True, count=True)
+            return
+        if len(self._pending) >= self.PARTIAL:
+            self._flush(end_step=False)
 
     def _end_step(self) -> None:
         if not self._active:
             return
-        self._flush()
-        self.steps += 1
-        if self.max_steps is not None and self.steps >= self.max_steps:
-            raise StopTracing()
+        self.optimizer_steps += 1
+        try:
+            self._flush(end_step=True, count=True)
+        except (StopTracing, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            self._note_error(exc, "the end of a step")
 
     # -- the one transfer per step -------------------------------------------------------------
     def _reset_step(self) -> None:
         self._pending: list[_Pending] = []
         self._batches: dict[torch.device, st.Batch] = {}
-        self._calls: list[tuple] = []
-        self._bwd: list[tuple] = []
+        self._calls: list[_Call] = []
+        self._grad_calls: list[_Call] = []
+        self._hooked: dict[int, list[_Call]] = {}
+        self._bwd: list[tuple[int, int]] = []  # (gradient's id, the id of the tensor it is the gradient of)
         self._seen: dict[int, tuple] = {}
-        self._grad_owners: dict[int, list] = {}
-        self._scaler_pending: list[tuple] = []
+        self._parts: list[tuple] = []  # (flat device tensor, what it is)
+        self._loss_gids: list[int] = []
+        self._fin: dict[int, bool] = {}  # measured tensor id -> finite, for this step
+        self._gfin: dict[int, bool] = {}  # tensor id -> its gradients were finite
+        self._gorder: dict[int, int] = {}  # tensor id -> order its first non-finite gradient arrived in
+        self._bwd_counted: set[int] = set()
+        self._step_bad: dict[str, bool] = {"forward": False, "loss": False}
+        self._step_params: list[tuple] = []
+        self._step_scaler: list[tuple] = []
+        self._top_done = False
 
-    def _flush(self) -> None:
-        pending, calls, bwd, scal, batches = self._pending, self._calls, self._bwd, self._scaler_pending, self._batches
-        step = self.steps
-        self._reset_step()
-        if not pending and not scal:
-            return
-        parts = []
-        start: dict[torch.device, int] = {}  # where each device's rows begin in the transfer
+    def _transfer(self) -> dict[int, st.TensorSummary]:
+        pending, batches, parts = self._pending, self._batches, self._parts
+        self._pending, self._batches, self._parts = [], {}, []
+        if not pending and not parts:
+            return {}
+        flat = []
+        start: dict[torch.device, int] = {}
         pos = 0
         for dev in sorted(batches, key=str):
             start[dev] = pos
-            parts.append(batches[dev].rows())
+            flat.append(batches[dev].rows())
             pos += len(batches[dev]) * st.ROW
-        for before, found, after in scal:
-            z = torch.zeros((), device=before.device, dtype=before.dtype) if found is None else found
-            parts.append(torch.stack([before.reshape(()).double(), z.reshape(()).double(), after.reshape(()).double()]))
-        if len({x.device for x in parts}) > 1:  # several devices: gather them on one first
-            dev = sorted({x.device for x in parts}, key=str)[0]
-            parts = [x.to(dev, non_blocking=True).double() for x in parts]
-        values = torch.cat(parts).tolist()  # the single device-to-host transfer of this step
+        extra_at = []
+        for x, what in parts:
+            extra_at.append(pos)
+            flat.append(x)
+            pos += x.numel()
+        if len({x.device for x in flat}) > 1:  # several devices: gather them on one first
+            dev = sorted({x.device for x in flat}, key=str)[0]
+            flat = [x.to(dev, non_blocking=True).double() for x in flat]
+        elif any(x.dtype != flat[0].dtype for x in flat):
+            flat = [x.double() for x in flat]
+        values = torch.cat(flat).tolist()  # the single device-to-host transfer
         self.transfers += 1
-        summaries: list[st.TensorSummary] = []
+        out: dict[int, st.TensorSummary] = {}
         for p in pending:
             at = start[p.device] + p.slot * st.ROW
-            summaries.append(st.summarise(p.dtype, values[at: at + st.ROW], p.numel, p.sampled))
+            out[p.gid] = st.summarise(p.dtype, values[at: at + st.ROW], p.numel, p.sampled)
             self.dtypes_seen.add(p.dtype)
-        rec = StepRecord(step)
-        for _ in scal:
-            rec.scale, found, rec.new_scale = values[pos: pos + 3]
-            rec.skipped = bool(found > 0 or math.isnan(found))
-            pos += 3
-        self._fold(step, pending, summaries, calls, bwd, rec)
-        if scal:
-            self.step_records.append(rec)
+        for at, (x, what) in zip(extra_at, parts):
+            vals = values[at: at + x.numel()]
+            if what[0] == "scaler":
+                self._step_scaler.append(tuple(vals))
+            else:
+                _, keys, dtypes, numels, lengths, scaled = what
+                for i, key in enumerate(keys):
+                    s = st.summarise(dtypes[i], vals[i * st.ROW:(i + 1) * st.ROW], numels[i], lengths[i])
+                    self._step_params.append((key, s, scaled))
+        return out
 
-    def _agg(self, name: str, cls: str, phase: str) -> ModuleAgg:
-        agg = self.modules.get((name, phase))
+    def _flush(self, end_step: bool, count: bool = False) -> None:
+        if self.namer.pending:
+            self.namer.resolve()
+        summ = self._transfer()
+        step = self.steps
+        for gid, s in summ.items():
+            self._fin[gid] = s.finite
+        self._fold_forward(step, summ)
+        self._fold_backward(step, summ)
+        if not end_step:
+            self._seen.clear()
+            keep = {g for c in self._stack if c is not None for g in c.ins}
+            self._fin = {g: self._fin[g] for g in keep if g in self._fin}
+            return
+        self._end_of_step(step, summ)
+        carry = [c for c in self._grad_calls if any(g not in self._gfin for g in c.outs)]
+        hooked = {g: owners for g, owners in self._hooked.items() if g not in self._gfin}
+        if len(carry) > self.KEEP_CALLS:
+            carry, hooked = [], {}
+            self.notes.setdefault("calls", "some steps had too many module calls to keep for the backward "
+                                           "analysis of a later step")
+        self._reset_step()
+        self._carry_calls, self._carry_hooked = carry, hooked
+        if self._replayer is not None:
+            self._replayer.end_step()
+        if count:
+            self.steps += 1
+            if self.max_steps is not None and self.steps >= self.max_steps:
+                raise StopTracing()
+
+    def _agg(self, key: int, phase: str) -> ModuleAgg:
+        key = self.namer.canonical(key)
+        agg = self.modules.get((key, phase))
         if agg is None:
-            agg = self.modules[(name, phase)] = ModuleAgg(name, cls, phase)
+            agg = self.modules[(key, phase)] = ModuleAgg(key, self.namer.mods[key].cls, phase)
         return agg
 
-    def _fold(self, step, pending, summaries, calls, bwd, rec: StepRecord) -> None:
-        for name, cls, ins, outs in calls:
-            agg = self._agg(name, cls, "forward")
+    def _fold_forward(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
+        calls, self._calls = self._calls, []
+        fin = self._fin
+        for c in calls:
+            agg = self._agg(c.key, "forward")
             agg.calls += 1
-            for i in outs:
-                agg.add(summaries[i])
-            in_ok = all(summaries[i].finite for i in ins)
-            bad = [summaries[i] for i in outs if not summaries[i].finite]
+            outs = [summ[g] for g in c.outs if g in summ]
+            for s in outs:
+                agg.add(s)
+            in_ok = all(fin.get(g, True) for g in c.ins)
+            bad = [s for s in outs if not s.finite]
             if bad:
+                self._step_bad["forward"] = True
                 agg.mark(agg.nonfinite_steps, step)
                 if in_ok:
-                    agg.mark(agg.origin_steps, step)
-                    if all(not s.nonfinite["nan"] for s in bad) and any(s.dtype in LOW_PRECISION for s in bad):
-                        agg.mark(agg.overflow_steps, step)
-                    if self.first_nonfinite is None:
-                        self.first_nonfinite = {"module": name, "class": cls, "phase": "forward", "step": step,
-                                                "op": None}
+                    if c.parent is not None:
+                        c.parent.child_origin = True
+                    if not c.child_origin:
+                        self._forward_origin(step, c, agg, bad)
+            if c.child_origin and c.parent is not None:
+                c.parent.child_origin = True
             exceeds = lambda s: s.classes["float16"]["overflow"] > 0  # noqa: E731 - finite values past fp16's range
-            if any(exceeds(summaries[i]) for i in outs) and not any(exceeds(summaries[i]) for i in ins):
+            if any(exceeds(s) for s in outs) and not any(exceeds(summ[g]) for g in c.ins if g in summ):
                 agg.mark(agg.exceed_steps, step)
-        seen: set[str] = set()
-        for idx, owners in bwd:
-            s = summaries[idx]
-            for name, cls in owners:
-                agg = self._agg(name, cls, "backward")
-                if name not in seen:
+
+    def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list) -> None:
+        agg.mark(agg.origin_steps, step)
+        nan = any(s.nonfinite["nan"] for s in bad)
+        low = [s.dtype for s in bad if s.dtype in LOW_PRECISION]
+        overflow = not nan and bool(low)
+        if overflow:
+            agg.mark(agg.overflow_steps, step)
+        op = None
+        if self._replayer is not None:
+            op = self._replayer.forward_origin(c)
+        self._add_origin(Origin(step, "forward", agg.key, "overflow" if overflow else "nonfinite",
+                                "nan" if nan else "inf", node=op, dtype=low[0] if low else bad[0].dtype))
+
+    def _add_origin(self, o: Origin) -> None:
+        if len(self.origins) < 256:
+            self.origins.append(o)
+
+    def _fold_backward(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
+        bwd, self._bwd = self._bwd, []
+        hooked, carried = self._hooked, self._carry_hooked
+        for g, tid in bwd:
+            s = summ.get(g)
+            if s is None:
+                continue
+            ok = s.finite
+            if tid in self._gfin:
+                self._gfin[tid] = self._gfin[tid] and ok
+            else:
+                self._gfin[tid] = ok
+            if not ok and tid not in self._gorder:
+                self._gorder[tid] = len(self._gorder)
+            owners = hooked.get(tid)
+            if owners is None:
+                owners = carried.get(tid, ())
+            done = set()
+            for c in owners:
+                key = self.namer.canonical(c.key)
+                if key in done:
+                    continue
+                done.add(key)
+                agg = self._agg(key, "backward")
+                if key not in self._bwd_counted:
                     agg.calls += 1
-                    seen.add(name)
+                    self._bwd_counted.add(key)
                 agg.add(s)
-                if not s.finite:
+                if not ok:
                     agg.mark(agg.nonfinite_steps, step)
-            if not s.finite and rec.first_bad_grad is None:
-                name, cls = owners[0]  # the innermost module whose output this gradient belongs to
-                rec.first_bad_grad = name
-                self._agg(name, cls, "backward").mark(self._agg(name, cls, "backward").origin_steps, step)
-                if self.first_nonfinite is None:
-                    self.first_nonfinite = {"module": name, "class": cls, "phase": "backward", "step": step,
-                                            "op": None}
-        if self.op_origin is not None and self.first_nonfinite is not None and self.first_nonfinite["op"] is None \
-                and self.op_origin.get("module") == self.first_nonfinite["module"]:
-            self.first_nonfinite["op"] = self.op_origin["op"]
+
+    def _end_of_step(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
+        # the loss
+        loss_bad = False
+        for gid in self._loss_gids:
+            s = summ.get(gid)
+            ok = self._fin.get(gid, True) if s is None else s.finite
+            la = self.loss
+            if s is not None:
+                la.dtypes.add(s.dtype)
+                if not math.isnan(s.absmax):
+                    la.absmax = max(la.absmax, s.absmax)
+                    la.nonzero = la.nonzero or s.absmax > 0
+            if not ok:
+                loss_bad = True
+                ModuleAgg.mark(la.nonfinite_steps, step)
+        if self._loss_gids:
+            self.loss.steps += 1
+        if loss_bad and not self._step_bad["forward"]:
+            s = next((summ[g] for g in self._loss_gids if g in summ and not summ[g].finite), None)
+            self._add_origin(Origin(step, "loss", None, "nonfinite",
+                                    "nan" if s is not None and s.nonfinite["nan"] else "inf",
+                                    dtype=s.dtype if s is not None else None))
+        # parameter gradients
+        bad_params = []
+        for key, s, scaled in self._step_params:
+            pa = self.params.get(key)
+            if pa is None:
+                pa = self.params[key] = ParamAgg(key)
+            pa.dtypes.add(s.dtype)
+            pa.steps += 1
+            pa.scaled = pa.scaled or scaled
+            pa.elements += s.numel
+            if math.isnan(s.absmax) or math.isnan(pa.absmax):
+                pa.absmax = math.nan
+            else:
+                pa.absmax = max(pa.absmax, s.absmax)
+            for f, cl in s.classes.items():
+                for k, v in cl.items():
+                    pa.classes[f][k] += v
+            if not s.finite:
+                ModuleAgg.mark(pa.nonfinite_steps, step)
+                bad_params.append(key)
+        # activation gradients: the innermost call whose backward turned finite into non-finite
+        grads_bad = not all(self._gfin.values())
+        origin = None
+        if grads_bad and not self._step_bad["forward"] and not loss_bad:
+            origin = self._backward_origin(step)
+        elif bad_params and not grads_bad and not self._step_bad["forward"] and not loss_bad:
+            self._add_origin(Origin(step, "param", None, "nonfinite", params=bad_params[:16]))
+        # the GradScaler
+        for before, found, after in self._step_scaler:
+            rec = StepRecord(step, before, after, bool(found > 0 or math.isnan(found)),
+                             origin.key if origin is not None else None, bad_params[:16], grads_bad)
+            self.step_records.append(rec)
+
+    def _backward_origin(self, step: int) -> Origin:
+        gfin, order = self._gfin, self._gorder
+        cands = []
+        for c in self._carry_calls + self._grad_calls:
+            outs = [gfin[g] for g in c.outs if g in gfin]
+            if not outs or not all(outs):
+                continue
+            bad = [order[g] for g in c.ins if gfin.get(g) is False]
+            if bad:
+                cands.append((min(bad), c))
+        inner = {id(c) for _, c in cands}
+        for _, c in cands:  # drop every candidate that contains another one
+            p = c.parent
+            while p is not None:
+                inner.discard(id(p))
+                p = p.parent
+        cands = sorted((o, i, c) for i, (o, c) in enumerate(cands) if id(c) in inner)
+        if not cands:
+            o = Origin(step, "backward", None, "nonfinite")
+        else:
+            first, _, c = cands[0]
+            also = []
+            for o_, _, c2 in cands[1:]:
+                k2 = self.namer.canonical(c2.key)
+                if o_ == first and k2 != self.namer.canonical(c.key) and k2 not in also:
+                    also.append(k2)
+            o = Origin(step, "backward", self.namer.canonical(c.key), "nonfinite", also=also)
+            agg = self._agg(c.key, "backward")
+            agg.mark(agg.origin_steps, step)
+            if self._replayer is not None:
+                o.node = self._replayer.backward_origin(c, [c2 for o_, _, c2 in cands if o_ == first])
+        self._add_origin(o)
+        return o
 
     # -- results --------------------------------------------------------------------------------
     def report(self) -> dict:
         from ampdoctor.trace.findings import build_report
         return build_report(self)
-
