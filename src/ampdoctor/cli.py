@@ -370,7 +370,7 @@ def rule(code: str) -> None:
         click.echo(body.rstrip("\n"))
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(context_settings={"allow_interspersed_args": False})
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--target", type=click.Choice(["float16", "bfloat16"]),
@@ -396,6 +396,8 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, fail_on) 
                                  f"(one of: {', '.join(sorted(allowed))}, all)")
     if not os.path.isfile(script):
         raise AmpdoctorError(f"{script}: no such file")
+    if output:
+        _check_writable(output)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -407,7 +409,8 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, fail_on) 
     result = run_script(script, list(args), tracer)
     report = tracer.report()
     report["script"] = {"path": script, "args": list(args), "exit_code": result.exit_code,
-                        "error": result.error, "stopped_by_max_steps": result.stopped}
+                        "error": result.error, "error_summary": result.summary,
+                        "stopped_by_max_steps": result.stopped}
     if fmt == "json":
         _emit(json.dumps(report, indent=2) + "\n", output)
     elif fmt == "html":
@@ -424,6 +427,19 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, fail_on) 
         click.echo(f"ampdoctor: the script raised:\n{result.error.rstrip()}", err=True)
     if result.exit_code:
         raise click.exceptions.Exit(result.exit_code)
-    if kinds and any(f["kind"] in kinds for f in report["findings"]):
+    if kinds and (any(f["kind"] in kinds for f in report["findings"])
+                  or ("nonfinite" in kinds and report["first_nonfinite"] is not None)):
         raise click.exceptions.Exit(EXIT_FINDINGS)
     raise click.exceptions.Exit(EXIT_OK)
+
+
+def _check_writable(output: str) -> None:
+    """Fail before a long run, not after it, when the report could not be written."""
+    parent = os.path.dirname(os.path.abspath(output)) or "."
+    if os.path.isdir(output):
+        raise AmpdoctorError(f"cannot write {output}: it is a directory")
+    if not os.path.isdir(parent):
+        raise AmpdoctorError(f"cannot write {output}: no such directory {parent}")
+    target = output if os.path.exists(output) else parent
+    if not os.access(target, os.W_OK):
+        raise AmpdoctorError(f"cannot write {output}: permission denied")

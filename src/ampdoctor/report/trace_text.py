@@ -18,11 +18,29 @@ def _num(x) -> str:
 def verdict(report: dict) -> str:
     first = report["first_nonfinite"]
     kinds = sorted({f["kind"] for f in report["findings"]})
+    script = report.get("script") or {}
+    failed = script.get("error_summary") if script.get("exit_code") else None
+    if not report.get("modules_ran", True):
+        if failed:
+            return f"Nothing was traced: the script failed before any module ran ({failed})."
+        return "Nothing was traced: no nn.Module ran in the script."
+    tail = f" The script then failed ({failed}); the report covers what ran before." if failed else ""
     if first:
-        op = f", op {first['op']}" if first.get("op") else ""
-        return (f"NaN/Inf first appeared in `{first['module']}` ({first['phase']}, step {first['step']}{op}).")
+        op = f", {first['op']}" if first.get("op") else ""
+        at = f"step {first['step']}{op}"
+        if first["phase"] == "loss":
+            return f"NaN/Inf first appeared in the loss ({at}), computed outside any module.{tail}"
+        if first["phase"] == "param":
+            names = ", ".join(f"`{p}`" for p in (first.get("params") or [])[:3])
+            return f"NaN/Inf first appeared in the gradients of {names} ({at}).{tail}"
+        if first["module"] is None:
+            return f"NaN/Inf first appeared in backward outside any module ({at}).{tail}"
+        return f"NaN/Inf first appeared in `{first['module']}` ({first['phase']}, {at}).{tail}"
     if kinds:
-        return f"Numerical risks found ({', '.join(kinds)}) judged against {report['target_dtype']}."
+        return f"Numerical risks found ({', '.join(kinds)}) judged against {report['target_dtype']}.{tail}"
+    if failed:
+        return (f"The script failed ({failed}) after {report['steps']} step(s); no numerical problems in what "
+                f"ran before, judged against {report['target_dtype']}.")
     return f"No numerical problems found in {report['steps']} step(s), judged against {report['target_dtype']}."
 
 

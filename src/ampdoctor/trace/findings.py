@@ -280,6 +280,8 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
                                "(input x output gradient, summed over the batch) overflowed, or something wrote "
                                "NaN/inf into .grad. With float16, a GradScaler skips such steps; without one, "
                                "these parameters were updated with NaN/inf."})
+    for f in out:
+        f["origin"] = True
     return out
 
 
@@ -405,6 +407,9 @@ def build_report(tracer) -> dict:
     by_step = {r.step: h for r, h in zip(tracer.step_records, health)}
     origins = counted_origins(tracer, by_step)
     findings = _findings(tracer, target, rows, aggs, names, health, origins)
+    blamed = {(f["module"], f["phase"]) for f in findings if f.get("origin")}
+    for r in rows:  # an origin is what the findings name; later ones only follow from it
+        r["origin"] = (r["module"], r["phase"]) in blamed
     op_origin = None
     fwd = next((o for o in tracer.origins if o.phase == "forward" and o.node), None)
     if fwd is not None:

@@ -244,7 +244,8 @@ class Replayer:
             return
         try:
             kwargs = _call_kwargs()
-            saved = _Saved(weakref.ref(module), clone_tree(args), clone_tree(kwargs), _rng(), _autocast_state())
+            saved = _Saved(weakref.ref(module), clone_tree(args, grad=True), clone_tree(kwargs, grad=True), _rng(),
+                           _autocast_state())
         except Exception as exc:  # inputs that cannot be copied: no replay for this call
             self.tracer.notes.setdefault("replay", f"--ops could not copy the inputs of a "
                                                    f"{type(module).__name__} call ({type(exc).__name__}: {exc})")

@@ -16,6 +16,7 @@ class ScriptResult:
     exit_code: int  # the script's own exit code (0 when it ended normally or was stopped by --max-steps)
     error: str | None  # the script's exception, formatted, when it raised
     stopped: bool  # ended by --max-steps
+    summary: str | None = None  # the exception's last line ("ValueError: bad batch")
 
 
 def run_script(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
@@ -39,16 +40,16 @@ def run_script(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
         if code is None:
             return ScriptResult(0, None, False)
         if isinstance(code, int):
-            return ScriptResult(code, None, False)
-        return ScriptResult(1, str(code), False)
+            return ScriptResult(code, None, False, f"exit code {code}" if code else None)
+        return ScriptResult(1, str(code), False, str(code))
     except KeyboardInterrupt:
-        return ScriptResult(130, "KeyboardInterrupt", False)
+        return ScriptResult(130, "KeyboardInterrupt", False, "KeyboardInterrupt")
     except BaseException as exc:  # the script's own error: report it, then the trace
         tb = traceback.TracebackException.from_exception(exc)
         # hide ampdoctor's and runpy's frames: the user wants their own
         tb.stack = traceback.StackSummary.from_list(
             [f for f in tb.stack if "ampdoctor" not in f.filename and "runpy" not in f.filename])
-        return ScriptResult(1, "".join(tb.format()), False)
+        return ScriptResult(1, "".join(tb.format()), False, "".join(tb.format_exception_only()).strip())
     finally:
         sys.argv = old_argv
         if old_path0 is not None and sys.path:

@@ -88,36 +88,28 @@ def _limit(device: torch.device) -> int:
     return SAMPLE_CPU if device.type == "cpu" else SAMPLE
 
 
-def _sample(x: torch.Tensor) -> torch.Tensor:
-    """The values to count, as a new float32 row of exactly ``_limit`` values: all of the
-    tensor's values, or an evenly strided sample of them for larger tensors, padded with -0.0
-    (the pads are taken off the zero counts later). Always a copy, so a later in-place change of
-    the tensor cannot alter what was measured."""
-    n = x.numel()
-    limit = _limit(x.device)
+def _plan(n: int, limit: int) -> tuple[int, int]:
+    """(values taken, stride) for a tensor of n values: all of them, or every s-th."""
     if n <= limit:
-        flat = x.reshape(-1)
-    elif x.is_contiguous():
-        flat = x.view(-1)[:: -(-n // limit)]
-    else:  # gather the sample only: reshape(-1) would copy the whole tensor
-        flat = torch.take(x, _sample_index(n, limit, x.device))
-    if flat.numel() == limit:
-        return flat.to(torch.float32, copy=True)
-    if flat.dtype == torch.float64:
-        flat = flat.to(torch.float32)
-    return torch.cat([flat, _pad(x.device)[: limit - flat.numel()]])  # a copy, promoted to float32
+        return n, 1
+    s = -(-n // limit)
+    return -(-n // s), s
+
+
+def _sample(x: torch.Tensor, limit: int) -> tuple[torch.Tensor, int]:
+    """A copy of the values to count (in the tensor's own dtype): all of its values, or an evenly
+    strided sample for larger tensors; one op. Always a copy, so a later in-place change of the
+    tensor cannot alter what was measured."""
+    n = x.numel()
+    m, s = _plan(n, limit)
+    if x.is_contiguous():
+        return torch.as_strided_copy(x, (m,), (s,)), m
+    return torch.take(x, _sample_index(n, limit, x.device)), m  # gather only the sample
 
 
 def _sampled(n: int, limit: int) -> int:
     """How many values ``_sample`` takes from a tensor of n values."""
-    return n if n <= limit else -(-n // -(-n // limit))
-
-
-_PADS: dict[torch.device, torch.Tensor] = {}
-
-
-def _pad(device: torch.device) -> torch.Tensor:
-    return _memo(_PADS, device, lambda: torch.full((_limit(device),), -0.0, dtype=torch.float32, device=device))
+    return _plan(n, limit)[0]
 
 
 def _memo(cache: dict, key, make, limit: int = 64):
@@ -134,49 +126,45 @@ def _memo(cache: dict, key, make, limit: int = 64):
 class Batch:
     """The tensors measured on one device during one step, reduced together.
 
-    Measuring a tensor takes two ops: ``aminmax`` and a float32 copy of (a sample of) its values,
-    one fixed-length row. Bucketing and counting run once per step over all the rows as one
-    matrix; when more than ``HOLD`` values are waiting they are counted early, so the copies held
-    stay small."""
+    Measuring a tensor takes two ops: ``aminmax`` and a copy of (a sample of) its values.
+    Bucketing and counting run once per step over all the samples at once; when more than
+    ``HOLD`` values are waiting they are counted early, so the copies held stay small."""
 
     HOLD = 1 << 22
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.limit = _limit(device)
         self.extremes: dict[torch.dtype, list[torch.Tensor]] = {}  # per dtype: min, max, min, max, ...
         self.dtypes: list[torch.dtype] = []  # of each tensor, in order
         self.samples: list[torch.Tensor] = []
-        self.lengths: list[int] = []  # values sampled per row (the rest is padding)
+        self.lengths: list[int] = []  # values sampled per tensor
         self.counted: list[torch.Tensor] = []  # [g, formats x classes + 1] of earlier groups
         self.held = 0
 
     def __len__(self) -> int:
         return len(self.dtypes)
 
-    def add(self, t: torch.Tensor) -> tuple[int, int]:
-        """Measure ``t`` (on this batch's device); returns (numel, values counted)."""
-        x = t.detach()
-        ext = self.extremes.get(x.dtype)
+    def add(self, x: torch.Tensor) -> tuple[int, int]:
+        """Measure ``x`` (detached, on this batch's device); returns (numel, values counted)."""
+        dt = x.dtype
+        ext = self.extremes.get(dt)
         if ext is None:
-            ext = self.extremes[x.dtype] = []
+            ext = self.extremes[dt] = []
         ext.extend(torch.aminmax(x))
-        self.dtypes.append(x.dtype)
-        n = x.numel()
-        limit = _limit(x.device)
-        self.samples.append(_sample(x))
-        m = _sampled(n, limit)
+        self.dtypes.append(dt)
+        sample, m = _sample(x, self.limit)
+        self.samples.append(sample)
         self.lengths.append(m)
-        self.held += limit
+        self.held += m
         if self.held > self.HOLD:
             self._count_held()
-        return n, m
+        return x.numel(), m
 
     def _count_held(self) -> None:
         if not self.samples:
             return
-        k = len(self.samples)
-        rows = torch.cat(self.samples).view(k, -1)
-        self.counted.append(_classes(rows, tuple(self.lengths)))
+        self.counted.append(_classes(torch.cat(self.samples), tuple(self.lengths), self.device))
         self.samples.clear()
         self.lengths.clear()
         self.held = 0
@@ -219,37 +207,33 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device, non_blocking=True)
 
 
-def _classes(rows: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
-    """[k, formats x classes + 1] float32 on the device: each row's class counts for every format
-    and the lower magnitude of its smallest nonzero bucket."""
-    k = rows.shape[0]
-    luts = _luts(rows.device)
-    keys = bucket_keys(rows).view(-1)
-    pair = luts.pair.index_select(0, keys).view(k, -1).add_(_row_base(k, rows.device))
-    counts = _count(pair.view(-1), k * _NPAIRS).view(k, len(CLASSES), len(CLASSES)).to(torch.float32)
-    if any(m != rows.shape[1] for m in lengths):  # rows padded with -0.0: take the pads off the zeros
-        counts[:, _ZERO, _ZERO] -= _pad_counts(lengths, rows.shape[1], rows.device)
-    rank = luts.rank.index_select(0, keys).view(k, -1).amin(dim=1)
+def _classes(flat: torch.Tensor, lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[k, formats x classes + 1] float32 on the device for k samples laid end to end in
+    ``flat`` (``lengths`` values each): each sample's class counts for every format and the
+    lower magnitude of its smallest nonzero bucket."""
+    k = len(lengths)
+    luts = _luts(device)
+    keys = bucket_keys(flat)
+    row = _row_index(lengths, device)
+    pair = luts.pair.index_select(0, keys).add_(row, alpha=_NPAIRS)
+    counts = _count(pair, k * _NPAIRS).view(k, len(CLASSES), len(CLASSES)).to(torch.float32)
+    rank = torch.full((k,), NBUCKETS, dtype=torch.int32, device=device).scatter_reduce_(
+        0, row.to(torch.int64), luts.rank.index_select(0, keys), "amin")
     lowest = luts.magnitude.index_select(0, rank)
     return torch.cat([counts.sum(dim=2), counts.sum(dim=1), lowest.unsqueeze(1)], dim=1)
 
 
 _NPAIRS = len(CLASSES) ** 2
-_ZERO = CLASSES.index("zero")
-_BASES: dict[tuple[int, torch.device], torch.Tensor] = {}
+_ROWS: dict[tuple, torch.Tensor] = {}
 
 
-def _row_base(k: int, device: torch.device) -> torch.Tensor:
-    return _memo(_BASES, (k, device),
-                 lambda: (torch.arange(k, dtype=torch.int32, device=device) * _NPAIRS).unsqueeze(1))
-
-
-_PAD_COUNTS: dict[tuple, torch.Tensor] = {}
-
-
-def _pad_counts(lengths: tuple[int, ...], width: int, device: torch.device) -> torch.Tensor:
-    return _memo(_PAD_COUNTS, (lengths, width, device),
-                 lambda: _to_device(torch.tensor([width - m for m in lengths], dtype=torch.float32), device))
+def _row_index(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Each sampled value's tensor (0..k-1), as int32 on the device; cached per layout."""
+    def make():
+        idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32),
+                                      torch.tensor(lengths, dtype=torch.int64))
+        return _to_device(idx, device)
+    return _memo(_ROWS, (lengths, device), make, limit=16)
 
 
 def bucket_keys(flat: torch.Tensor) -> torch.Tensor:

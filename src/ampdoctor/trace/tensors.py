@@ -39,19 +39,30 @@ def skip_reason(t: torch.Tensor) -> str | None:
     """None when ``t`` can be measured, else the kind of tensor it is (for the report's notes).
     Integer, bool, complex and empty tensors are not numerics of interest and give ""."""
     cls = type(t)
-    if cls not in _PLAIN:
-        if cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
-            return f"{cls.__name__} tensors"
-        if _is_wrapped(t):
-            return "torch.func (vmap/grad) tensors"
-    if not t.is_floating_point() or t.numel() == 0:
+    if cls is torch.Tensor or cls in _PLAIN:  # the hot path: one check per attribute
+        if not t.dtype.is_floating_point or not t.numel():
+            return ""
+        if t.layout is _STRIDED and not t.is_nested and not t.is_meta:
+            return None
+        return _odd(t)
+    if cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        return f"{cls.__name__} tensors"
+    if _is_wrapped(t):
+        return "torch.func (vmap/grad) tensors"
+    if not t.dtype.is_floating_point or not t.numel():
         return ""
+    return _odd(t)
+
+
+_STRIDED = torch.strided
+
+
+def _odd(t: torch.Tensor) -> str | None:
     if t.layout is not torch.strided:
         return f"{str(t.layout).replace('torch.', '')} tensors"
     if t.is_nested:
         return "nested tensors"
-    dev = t.device.type
-    if dev == "meta":
+    if t.is_meta:
         return "meta tensors"
     if _is_wrapped(t):
         return "torch.func (vmap/grad) tensors"
@@ -66,9 +77,10 @@ def tensors_in(obj, depth: int = 0) -> list:
     if depth > 6 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
         return []
     if isinstance(obj, (list, tuple)):
-        if all(isinstance(v, torch.Tensor) for v in obj):  # the common case, without recursion
-            return list(obj)
-        return [t for v in obj for t in tensors_in(v, depth + 1)]
+        for v in obj:
+            if not isinstance(v, torch.Tensor):
+                return [t for v in obj for t in tensors_in(v, depth + 1)]
+        return list(obj)  # the common case, without recursion
     if isinstance(obj, dict):
         return [t for v in obj.values() for t in tensors_in(v, depth + 1)]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

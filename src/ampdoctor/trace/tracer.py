@@ -68,10 +68,11 @@ class _Call:
     """One module call: its key, the call that was running when it started, and the ids of the
     tensors it read and wrote."""
 
-    __slots__ = ("key", "parent", "ins", "outs", "child_origin", "recompute", "replay", "top")
+    __slots__ = ("key", "parent", "ins", "outs", "child_origin", "recompute", "replay", "top", "step")
 
-    def __init__(self, key: int, parent: "_Call | None", recompute: bool = False) -> None:
+    def __init__(self, key: int, parent: "_Call | None", recompute: bool, step: int) -> None:
         self.key = key
+        self.step = step
         self.parent = parent
         self.ins: list[int] = []
         self.outs: list[int] = []
@@ -265,7 +266,7 @@ class _Patches:
         tracer = self.tracer
 
         def backward(tensors, *args, **kwargs):
-            if tracer._active and _current_node() is None:
+            if tracer._active and _current_node() is None and not in_functorch_transform():
                 tracer._guard(tracer._loss, tensors)
             return orig(tensors, *args, **kwargs)
         backward.__wrapped__ = orig
@@ -296,6 +297,7 @@ class Tracer:
     """
 
     PARTIAL = 1 << 13  # measured tensors waiting in one step before they are counted early
+    FORWARD_BATCH = 64  # forward-only steps (no optimizer, no backward) counted in one transfer
     KEEP_CALLS = 1 << 16  # module calls kept for the backward analysis of one step
 
     def __init__(self, target: str | None = None, *, grads: bool = True, ops: bool = False,
@@ -331,6 +333,8 @@ class Tracer:
         self._optimizer_made = False
         self._training: bool | None = None
         self._gid = 0
+        self._dirty = False  # something ran since the last step was counted
+        self._open_grad = False
         self._carry_calls: list[_Call] = []
         self._carry_hooked: dict[int, list[_Call]] = {}
         self._reset_step()
@@ -364,8 +368,8 @@ class Tracer:
         self._handles.clear()
         self._patches.remove()
         try:
-            if was_active and (self._pending or self._calls or self._parts or self._bwd or self._top_done):
-                self._flush(end_step=True, count=True)
+            if was_active and (self._pending or self._calls or self._parts or self._bwd or self._dirty):
+                self._flush(end_step=True, count=self._dirty)
             if self.namer.pending:
                 self.namer.resolve()
         except Exception as exc:  # never let the tracer's own bookkeeping fail the caller
@@ -425,11 +429,12 @@ class Tracer:
             if c is not None:
                 parent = c
                 break
-        call = _Call(self.namer.key(module, parent.key if parent is not None else None), parent, recompute)
+        call = _Call(self.namer.key(module, parent.key if parent is not None else None), parent, recompute,
+                     self.steps)
         stack.append(call)
         if recompute:
             return
-        self.modules_ran = True
+        self.modules_ran = self._dirty = True
         measure = self._measure
         for t in tensors_in(args):
             gid = measure(t)
@@ -543,6 +548,8 @@ class Tracer:
         if type(t) not in _PLAIN:  # a subclass without its own dispatch: measure its plain values
             with torch._C.DisableTorchFunctionSubclass():
                 t = t.as_subclass(torch.Tensor)
+        if t.requires_grad:
+            t = t.detach()
         dev = t.device
         batch = self._batches.get(dev)
         if batch is None:
@@ -566,6 +573,7 @@ class Tracer:
             if self._active:
                 try:
                     if skip_reason(grad) is None:
+                        self._dirty = True
                         g = self._stage(grad)
                         self._bwd.append((g, gid))
                         if self._replayer is not None:
@@ -578,6 +586,7 @@ class Tracer:
         return hook
 
     def _loss(self, tensors) -> None:
+        self._dirty = True
         for t in tensors_in(tensors):
             gid = self._measure(t)
             if gid is not None:
@@ -647,17 +656,30 @@ class Tracer:
         return self._training
 
     def _top_start(self) -> None:
-        if self._top_done and not self._is_training():
+        if self._open_grad and not self._is_training():
+            self._open_grad = False  # the forward, backward and update of the last step are done
             self._flush(end_step=True, count=True)
 
     def _top_end(self, wants_grad: bool) -> None:
-        self._top_done = True
         if not self._is_training():
-            if not wants_grad:  # nothing can flow back into it: the forward pass is the step
-                self._flush(end_step=True, count=True)
+            if wants_grad:  # a backward may follow: this step ends when the next forward starts
+                self._open_grad = True
+                return
+            # nothing can flow back into it: the forward pass is the step; the statistics of
+            # FORWARD_BATCH of them share one transfer
+            self._fwd_batched += 1
+            if self._fwd_batched >= self.FORWARD_BATCH or len(self._pending) >= self.PARTIAL:
+                self._flush(end_step=True)
+            self._count()
             return
         if len(self._pending) >= self.PARTIAL:
             self._flush(end_step=False)
+
+    def _count(self) -> None:
+        self._dirty = False
+        self.steps += 1
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise StopTracing()
 
     def _end_step(self) -> None:
         if not self._active:
@@ -688,7 +710,7 @@ class Tracer:
         self._step_bad: dict[str, bool] = {"forward": False, "loss": False}
         self._step_params: list[tuple] = []
         self._step_scaler: list[tuple] = []
-        self._top_done = False
+        self._fwd_batched = 0
 
     def _transfer(self) -> dict[int, st.TensorSummary]:
         pending, batches, parts = self._pending, self._batches, self._parts
@@ -756,9 +778,7 @@ class Tracer:
         if self._replayer is not None:
             self._replayer.end_step()
         if count:
-            self.steps += 1
-            if self.max_steps is not None and self.steps >= self.max_steps:
-                raise StopTracing()
+            self._count()
 
     def _agg(self, key: int, phase: str) -> ModuleAgg:
         key = self.namer.canonical(key)
@@ -771,6 +791,7 @@ class Tracer:
         calls, self._calls = self._calls, []
         fin = self._fin
         for c in calls:
+            step = c.step
             agg = self._agg(c.key, "forward")
             agg.calls += 1
             outs = [summ[g] for g in c.outs if g in summ]

@@ -1,0 +1,677 @@
+"""The tracer on code written the way third-party code is: names, culprits, safety and step semantics.
+
+Each test builds the pattern that real training and evaluation code uses (a GAN, a model whose
+``__init__`` runs a dummy forward, modules built inside ``forward``, keyword inputs, eval loops,
+``torch.func``, checkpointing) and asserts what the user sees in the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from ampdoctor.cli import main  # noqa: E402
+from ampdoctor.trace import Tracer  # noqa: E402
+
+
+def rows(rep, phase=None):
+    return {r["module"]: r for r in rep["modules"] if phase is None or r["phase"] == phase}
+
+
+def bitwise(a, b) -> bool:
+    """Equal bit for bit (NaN included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def origins(rep):
+    return [(f["module"], f["phase"]) for f in rep["findings"] if f["kind"] in ("nonfinite", "overflow")]
+
+
+def run_cli(tmp_path, source, *options, args=()):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    r = CliRunner().invoke(main, ["trace", "--format", "json", *options, str(script), *args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r, (json.loads(r.stdout) if r.stdout.strip().startswith("{") else None)
+
+
+# -- never crash the user's run -----------------------------------------------------------------
+
+def test_inference_mode_eval_loop_runs_and_is_measured():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 2)).eval()
+    x = torch.randn(4, 8)
+    with torch.inference_mode():
+        want = m(x)
+    with Tracer() as t, torch.inference_mode():
+        outs = [m(x) for _ in range(3)]
+    for o in outs:
+        assert torch.equal(o, want)
+    rep = t.report()
+    assert rep["notes"] == [] and rep["steps"] == 3
+    r = rows(rep, "forward")
+    assert r["0"]["calls"] == 3 and r["1"]["calls"] == 3 and r["1"]["absmax"] is not None
+
+
+def test_torch_func_per_sample_gradients_do_not_break_the_trace():
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_of(p, x, y):
+        return (functional_call(model, p, (x.unsqueeze(0),)).squeeze() - y) ** 2
+
+    x, y = torch.randn(6, 4), torch.randn(6)
+    want = vmap(grad(loss_of), in_dims=(None, 0, 0))(params, x, y)
+    with Tracer() as t:
+        per_sample = vmap(grad(loss_of), in_dims=(None, 0, 0))(params, x, y)
+        model(x).pow(2).mean().backward()  # an ordinary step after it is traced as usual
+        opt.step()
+    for k in want:
+        assert torch.equal(per_sample[k], want[k])
+    rep = t.report()
+    assert rep["notes"] == [] and rep["steps"] == 1
+    assert rows(rep, "forward")["0"]["calls"] == 1 and rows(rep, "backward")["0"]["calls"] == 1
+    assert any("torch.func" in k for k in rep["skipped_tensors"])
+
+
+def test_fake_sparse_nested_and_meta_tensors_are_skipped():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Odd(nn.Module):
+        def forward(self, x):
+            return {"sparse": x.to_sparse(), "meta": torch.empty(2, device="meta"),
+                    "nested": torch.nested.nested_tensor([x[0], x[1, :2]]), "dense": x * 2}
+
+    odd = Odd()
+    with Tracer() as t:
+        odd(torch.ones(2, 3))
+        with FakeTensorMode():
+            lin = nn.Linear(3, 3)
+            lin(torch.ones(2, 3))
+    rep = t.report()
+    assert rep["notes"] == []
+    assert rows(rep)["odd"]["absmax"] == 2.0  # two lone modules: each named by its variable
+    assert {"sparse_coo tensors", "meta tensors", "nested tensors"} <= set(rep["skipped_tensors"])
+    assert "FakeTensor tensors" in rep["skipped_tensors"]
+
+
+def test_an_error_inside_the_tracer_is_a_note_and_the_script_goes_on(monkeypatch):
+    from ampdoctor.trace import stats as st
+
+    m = nn.Linear(4, 4)
+    x = torch.ones(2, 4)
+    want = m(x)
+
+    def broken(self, t):
+        raise RuntimeError("simulated tracer bug")
+
+    with Tracer() as t:
+        monkeypatch.setattr(st.Batch, "add", broken)
+        out = m(x)
+        monkeypatch.undo()
+        again = m(x)
+    assert torch.equal(out, want) and torch.equal(again, want)
+    notes = t.report()["notes"]
+    assert len(notes) == 1 and "simulated tracer bug" in notes[0] and "went on" in notes[0]
+
+
+def test_tracer_frames_never_reach_the_scripts_traceback(tmp_path):
+    r, rep = run_cli(tmp_path, """\
+        import torch
+        m = torch.nn.Linear(2, 2)
+        with torch.inference_mode():
+            y = m(torch.ones(1, 2))
+        y.sum().backward()   # the script's own error: inference tensors have no grad
+    """, "-o", str(tmp_path / "r.json"))
+    assert r.exit_code == 1
+    assert "ampdoctor" not in r.stderr.split("the script raised:")[1]
+    assert "script.py" in r.stderr
+
+
+# -- names --------------------------------------------------------------------------------------
+
+class EncDec(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        self.decoder = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        self.lm_head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lm_head(self.decoder(self.encoder(x)))
+
+
+def _names(rep):
+    return sorted({r["module"] for r in rep["modules"]})
+
+
+def test_names_do_not_depend_on_which_submodule_runs_first():
+    model = EncDec()
+    x = torch.ones(1, 4)
+    with Tracer() as whole:
+        model(x)
+    with Tracer() as parts:  # what generate() and custom loops do
+        h = model.encoder(x)
+        h = model.decoder(h)
+        model.lm_head(h)
+    with Tracer() as backwards:
+        model.lm_head(x[:, :4])
+        model.decoder(x)
+        model.encoder(x)
+    expect = ["decoder", "decoder.0", "decoder.1", "encoder", "encoder.0", "encoder.1", "lm_head"]
+    assert [n for n in _names(parts.report())] == expect
+    assert [n for n in _names(backwards.report())] == expect
+    assert _names(whole.report()) == ["(EncDec)"] + expect
+
+
+def test_a_gan_gets_one_prefix_per_model(tmp_path):
+    r, rep = run_cli(tmp_path, """\
+        import torch
+        from torch import nn
+
+        class Generator(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.main = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+            def forward(self, z):
+                return self.main(z)
+
+        class Discriminator(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.main = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+            def forward(self, x):
+                return self.main(x)
+
+        def train():
+            netG, netD = Generator(), Discriminator()
+            optG = torch.optim.Adam(netG.parameters(), 1e-3)
+            optD = torch.optim.Adam(netD.parameters(), 1e-3)
+            bce = nn.BCEWithLogitsLoss()
+            for _ in range(2):
+                fake = netG(torch.randn(8, 4))
+                d_loss = bce(netD(torch.randn(8, 4)), torch.ones(8, 1)) + bce(netD(fake.detach()), torch.zeros(8, 1))
+                optD.zero_grad(); d_loss.backward(); optD.step()
+                g_loss = bce(netD(fake), torch.ones(8, 1))
+                optG.zero_grad(); g_loss.backward(); optG.step()
+
+        if __name__ == "__main__":
+            train()
+    """)
+    assert r.exit_code == 0, r.output
+    names = _names(rep)
+    assert {"netG.main.0", "netG.main.2", "netD.main.0", "netD.main.2", "netG", "netD", "bce"} <= set(names)
+    assert not any(n.startswith(("main", "Discriminator", "Generator")) for n in names)
+    assert rows(rep, "backward")["netG.main.0"]["calls"] == 2  # G's backward arrives in D's next step
+
+
+def test_a_module_dict_root_that_is_never_called_keeps_its_keys():
+    nets = nn.ModuleDict({"student": nn.Sequential(nn.Linear(2, 2)), "teacher": nn.Sequential(nn.Linear(2, 2))})
+    with Tracer() as t:
+        nets["teacher"](torch.ones(1, 2))
+        nets["student"](torch.ones(1, 2))
+    assert _names(t.report()) == ["student", "student.0", "teacher", "teacher.0"]
+
+
+def test_a_dummy_forward_in_init_does_not_take_the_names(tmp_path):
+    r, rep = run_cli(tmp_path, """\
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.features = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2))
+                with torch.no_grad():
+                    n = self.features(torch.zeros(1, 1, 10, 10)).numel()  # the flatten size
+                self.classifier = nn.Linear(n, 2)
+
+            def forward(self, x):
+                return self.classifier(self.features(x).flatten(1))
+
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(3, 1, 10, 10)).sum().backward()
+            opt.step(); opt.zero_grad()
+    """)
+    assert r.exit_code == 0, r.output
+    assert _names(rep) == ["(Net)", "classifier", "features", "features.0", "features.1", "features.2"]
+
+
+def test_modules_built_inside_forward_collapse_into_one_row():
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qk = nn.Linear(8, 8)
+
+        def forward(self, x):
+            s = self.qk(x) @ x.transpose(-1, -2)
+            return nn.Softmax(dim=-1)(s) @ x  # a new module on every call
+
+    model = nn.Sequential(Attn(), Attn())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Tracer() as t:
+        for step in range(5):
+            model(torch.randn(2, 3, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 1:
+                count = len(t.report()["modules"])
+        rep = t.report()
+    assert len(rep["modules"]) == count  # no new rows after the first steps
+    r = rows(rep, "forward")
+    assert r["0.(Softmax)"]["calls"] == 5 and r["1.(Softmax)"]["calls"] == 5
+
+
+def test_inline_loss_module_in_the_top_level_forward_is_one_row():
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            return nn.CrossEntropyLoss()(self.lin(x), y)  # what many HF heads do
+
+    m = WithLoss()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with Tracer() as t:
+        for _ in range(4):
+            m(torch.randn(2, 4), torch.tensor([0, 2])).backward()
+            opt.step()
+    assert _names(t.report()) == ["(CrossEntropyLoss)", "(WithLoss)", "lin"]
+    assert rows(t.report(), "forward")["(CrossEntropyLoss)"]["calls"] == 4
+
+
+# -- inputs: keyword arguments -------------------------------------------------------------------
+
+class CrossAttn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(4, 4)
+
+    def forward(self, hidden, memory=None):
+        return self.q(hidden) + memory.mean()
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(4, 4)
+        self.wo = nn.Linear(4, 4)
+        self.cross = CrossAttn()
+
+    def forward(self, x):
+        memory = self.wo(torch.relu(self.enc(x)))
+        return self.cross(x, memory=memory)
+
+
+def test_a_module_fed_non_finite_keyword_inputs_is_not_an_origin():
+    m = EncoderDecoder()
+    with torch.no_grad():
+        m.wo.weight.fill_(1e30)
+    with Tracer() as t:
+        m(torch.ones(2, 4) * 1e10)
+    rep = t.report()
+    assert origins(rep) == [("wo", "forward")]
+    assert rep["first_nonfinite"]["module"] == "wo"
+    assert not rows(rep)["cross"]["origin"]
+
+
+# -- backward origins ------------------------------------------------------------------------------
+
+class Dist(nn.Module):
+    """Distance to the origin: the backward of sqrt at 0 is inf, times 0 is NaN."""
+
+    def forward(self, x):
+        return torch.sqrt((x * x).sum(-1, keepdim=True))
+
+
+class BackwardNaN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.dist = Dist()
+        self.head = nn.Linear(1, 1)
+
+    def forward(self, x):
+        return self.head(self.dist(self.proj(x)))
+
+
+def _nan_in_backward_model():
+    torch.manual_seed(0)
+    m = BackwardNaN()
+    with torch.no_grad():
+        m.proj.weight.zero_()
+        m.proj.bias.zero_()  # proj's output is exactly 0: sqrt's backward divides by 0
+    return m
+
+
+def test_a_nan_born_in_a_modules_backward_is_blamed_on_that_module():
+    m = _nan_in_backward_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with Tracer() as t:
+        m(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    rep = t.report()
+    assert rep["first_nonfinite"]["module"] == "dist" and rep["first_nonfinite"]["phase"] == "backward"
+    assert origins(rep) == [("dist", "backward")]
+    f = rep["findings"][0]
+    assert "--ops" in f["message"]
+
+
+def test_ops_names_the_autograd_node_and_its_forward_line():
+    m = _nan_in_backward_model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with Tracer(ops=True) as t:
+        m(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    rep = t.report()
+    first = rep["first_nonfinite"]
+    assert first["module"] == "dist" and first["op"] == "SqrtBackward0"
+    assert "test_trace_real.py" in first["line"] and "torch.sqrt" in first["line"]
+    assert "SqrtBackward0" in rep["findings"][0]["message"]
+
+
+def test_a_nan_in_the_loss_backward_outside_any_module():
+    lin = nn.Linear(4, 1)
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.zero_()
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    with Tracer() as t:
+        torch.sqrt(lin(torch.ones(2, 4))).sum().backward()  # finite loss, NaN gradient at lin's output
+        opt.step()
+    rep = t.report()
+    assert rep["first_nonfinite"] == {"module": None, "phase": "backward", "step": 0, "op": None, "line": None}
+    assert "outside any module" in rep["findings"][0]["message"]
+
+
+# -- parameter gradients and the loss --------------------------------------------------------------
+
+def test_a_scaler_skip_from_parameter_gradients_only_names_them():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    x = torch.ones(64, 4)
+    with torch.no_grad():
+        m[1].weight.fill_(1.0)
+    with Tracer() as t:
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = m(x * 100.0)
+            # every output gradient is 2000, finite in fp16; the bias gradient sums 64 of them
+            scaler.scale(out.float().sum() * 2000.0).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    rep = t.report()
+    sc = rep["scaler"]
+    assert sc["steps"][0]["skipped"] and "1.bias" in sc["steps"][0]["nonfinite_params"]
+    assert all(r["nonfinite"] == {"nan": 0, "pinf": 0, "ninf": 0} for r in rep["modules"])
+    params = {p["param"]: p for p in rep["params"]}
+    assert params["1.bias"]["nonfinite_steps"] >= 1 and params["1.bias"]["scaled"]
+
+
+def test_a_non_finite_loss_computed_outside_any_module_is_its_own_origin():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with Tracer() as t:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = m(torch.randn(3, 4))
+            p = torch.softmax(logits.float(), -1)
+            loss = -(torch.log(p * 0.0)).mean()  # log(0): inf
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    rep = t.report()
+    assert rep["first_nonfinite"]["phase"] == "loss" and rep["first_nonfinite"]["module"] is None
+    f = rep["findings"][0]
+    assert f["phase"] == "loss" and "outside any module" in f["message"]
+    assert "not a mixed-precision overflow" in f["message"]
+    assert [x for x in rep["findings"] if x["phase"] == "backward"] == []
+    assert rep["loss"]["nonfinite_steps"] == [0, 1]
+
+
+def test_gradients_that_flush_to_zero_in_pure_fp16_are_an_underflow():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1)).half()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with Tracer() as t:
+        for _ in range(2):
+            (m(torch.randn(8, 16).half()).float().mean() * 1e-9).backward()  # every fp16 gradient is 0
+            opt.step()
+            opt.zero_grad()
+    rep = t.report()
+    assert all(r["absmax"] == 0 for r in rep["modules"] if r["phase"] == "backward")
+    under = [f for f in rep["findings"] if f["kind"] == "underflow"]
+    assert under and "flushed to zero" in under[0]["message"] and "GradScaler" in under[0]["message"]
+
+
+def test_reentrant_checkpointing_still_gets_gradient_statistics():
+    from torch.utils.checkpoint import checkpoint
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.block, x, use_reentrant=True))
+
+    torch.manual_seed(0)
+    m = Model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(2, 4, requires_grad=True)
+    with Tracer() as t:
+        for _ in range(2):
+            m(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    b = rows(t.report(), "backward")
+    assert b["block.0"]["calls"] == 2 and b["block.2"]["calls"] == 2 and b["head"]["calls"] == 2
+    assert rows(t.report(), "forward")["block.0"]["calls"] == 2  # the recomputation is not counted
+
+
+# -- --ops changes nothing -------------------------------------------------------------------------------
+
+class BNBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return torch.log(self.drop(self.bn(self.lin(x))).abs() * 0)  # -inf: replayed by --ops
+
+
+def _bn_run(ops):
+    torch.manual_seed(0)
+    m = nn.Sequential(BNBlock(), nn.Linear(4, 1))
+    x = torch.randn(8, 4)
+    with Tracer(ops=ops) as t:
+        outs = [m(x) for _ in range(2)]
+    return t, outs, m.state_dict()
+
+
+def test_ops_replay_leaves_batchnorm_buffers_rng_and_outputs_alone():
+    t0, outs0, state0 = _bn_run(False)
+    t1, outs1, state1 = _bn_run(True)
+    assert t1.report()["op_origin"]["op"] == "aten.log"
+    for a, b in zip(outs0, outs1):
+        assert bitwise(a, b)
+    assert state1["0.bn.num_batches_tracked"].item() == 2
+    for k in state0:
+        assert bitwise(state0[k], state1[k]), k
+
+
+def test_ops_replay_does_not_append_to_a_kwargs_cache_twice():
+    class Cached(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, cache=None):
+            cache["keys"].append(self.lin(x))
+            return torch.log(torch.cat(cache["keys"]).abs() * 0)  # -inf
+
+    def run(ops):
+        torch.manual_seed(0)
+        m = Cached()
+        cache = {"keys": []}
+        with Tracer(ops=ops) as t:
+            out = m(torch.ones(1, 4), cache=cache)
+        return t, out, cache
+
+    t0, out0, cache0 = run(False)
+    t1, out1, cache1 = run(True)
+    assert t1.report()["op_origin"]["op"] == "aten.log"
+    assert len(cache1["keys"]) == len(cache0["keys"]) == 1
+    assert bitwise(out0, out1)
+
+
+# -- steps without an optimizer ----------------------------------------------------------------------------
+
+def test_an_eval_loop_of_10000_forwards_is_flat_in_memory_and_counts_steps():
+    m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(4, 16)
+    with Tracer() as t, torch.no_grad():
+        for i in range(10_000):
+            m(x)
+            if i == 1000:
+                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                size = len(t._pending)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss
+        assert len(t._pending) <= size
+    rep = t.report()
+    assert rep["steps"] == 10_000 and rows(rep)["0"]["calls"] == 10_000
+    assert grown < 20 * 1024  # KiB
+
+
+def test_manual_sgd_without_an_optimizer_counts_a_step_per_iteration():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    with Tracer() as t:
+        for _ in range(5):
+            m(torch.randn(3, 4)).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in m.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+    rep = t.report()
+    assert rep["steps"] == 5
+    assert rows(rep, "backward")["0"]["calls"] == 5
+
+
+def test_a_validation_loop_between_training_steps_keeps_the_step_numbers():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    with Tracer() as t:
+        for step in range(4):
+            m(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 1:
+                with torch.no_grad():
+                    for _ in range(20):
+                        m(torch.randn(2, 4))
+    rep = t.report()
+    assert rep["steps"] == 4 and rep["optimizer_steps"] == 4
+    assert rows(rep, "forward")["0"]["calls"] == 24
+
+
+# -- the command line ------------------------------------------------------------------------------------
+
+FP16_OVERFLOW = """\
+    import torch
+    from torch import nn
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        m[0].weight.fill_(1e4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = m(torch.ones(2, 4) * 100)
+    out.float().sum().backward()
+    opt.step()
+"""
+
+
+def test_fail_on_nonfinite_fires_on_any_nan_or_inf(tmp_path):
+    r, rep = run_cli(tmp_path, FP16_OVERFLOW, "--fail-on", "nonfinite")
+    assert [f["kind"] for f in rep["findings"]][:1] == ["overflow"]
+    assert rep["first_nonfinite"]["module"] == "0"
+    assert r.exit_code == 1
+
+
+def test_fail_on_scaler_ignores_the_warm_up_back_off(tmp_path):
+    r, rep = run_cli(tmp_path, """\
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)  # far too high: it backs off first
+        for _ in range(12):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = m(torch.randn(4, 8)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    """, "--fail-on", "scaler,nonfinite")
+    sc = rep["scaler"]
+    assert sc["warmup_skips"] >= 1 and sc["unexpected_skips"] == 0
+    assert rep["first_nonfinite"] is None and rep["findings"] == []
+    assert r.exit_code == 0
+
+
+def test_a_script_that_fails_before_any_step_says_so(tmp_path):
+    script = tmp_path / "early.py"
+    script.write_text("import torch\nraise RuntimeError('no data found')\n")
+    r = CliRunner().invoke(main, ["trace", str(script)])
+    assert r.exit_code == 1
+    first = r.stdout.splitlines()[0]
+    assert "No numerical problems" not in r.stdout
+    assert "before any module ran" in first and "RuntimeError: no data found" in first
+
+
+def test_output_path_is_checked_before_the_script_runs(tmp_path):
+    marker = tmp_path / "ran"
+    script = tmp_path / "s.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    r = CliRunner().invoke(main, ["trace", "-o", str(tmp_path / "missing" / "r.json"), str(script)])
+    assert r.exit_code == 2 and "cannot write" in r.stderr
+    assert not marker.exists()
+
+
+def test_unknown_options_before_the_script_are_usage_errors_and_the_rest_goes_to_it(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import sys, json\nprint(json.dumps(sys.argv[1:]), file=sys.stderr)\n")
+    r = CliRunner().invoke(main, ["trace", "--bogus", str(script)])
+    assert r.exit_code == 2 and "No such option '--bogus'" in r.stderr
+    r = CliRunner().invoke(main, ["trace", "--format", "json", str(script), "--ops", "-o", "x", "--bogus"])
+    assert r.exit_code == 0, r.output
+    assert '["--ops", "-o", "x", "--bogus"]' in r.stderr
+    assert json.loads(r.stdout)["op_origin"] is None
+    assert not os.path.exists("x")
