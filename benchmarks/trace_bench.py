@@ -1,7 +1,9 @@
 """Tracer overhead, side by side: untraced vs ampdoctor's Tracer vs HF DebugUnderflowOverflow vs
-torch.autograd.detect_anomaly, on a GPT-like model with eager attention in two sizes.
+torch.autograd.detect_anomaly, on a GPT-like model with eager attention in two sizes, training,
+and the small one in an evaluation loop (forward under no_grad).
 
     python benchmarks/trace_bench.py [--reps 15] [--block 5] [--device cpu|cuda] [--only compute|overhead]
+                                     [--amp auto|fp16|bf16|off]
 
 Runs inside benchmarks/.venv (created on first use). Times forward + backward + optimizer
 step, interleaving the four configurations, and reports medians after warm-up, the ratio to
@@ -129,10 +131,15 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=5, help="steps per block inside one context")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
+    ap.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto",
+                    help="autocast dtype (auto: fp16 on CUDA; bf16 on a CPU with fast bf16 matmuls, else off)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
+    amp = args.amp if args.amp != "auto" else ("fp16" if dev.type == "cuda" else
+                                              "bf16" if bf16_is_fast(dev) else "off")
+    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "off": None}[amp]
     try:
         from transformers.debug_utils import DebugUnderflowOverflow
     except Exception as exc:  # pragma: no cover
@@ -142,9 +149,13 @@ def main() -> None:
     lines = [f"## Tracer overhead ({date.today().isoformat()}, {args.device})", "",
              f"Machine: {bench_env.machine()}; torch {torch.__version__}"
              + (f", {torch.cuda.get_device_name()}" if dev.type == "cuda" else "")
-             + f", {torch.get_num_threads()} torch thread{'' if torch.get_num_threads() == 1 else 's'}. Forward+backward+SGD step, fp32 weights with {'fp16' if dev.type == 'cuda' else 'bf16'} "
-               f"autocast. Each tool's context is entered once per block of {args.block} steps and the steps are "
-               f"timed inside it; the blocks of the four configurations are interleaved, {args.reps} blocks each "
+             + f", {torch.get_num_threads()} torch thread{'' if torch.get_num_threads() == 1 else 's'}. "
+               "Training: forward+backward+SGD step, fp32 weights"
+             + (f" with {amp} autocast" if amp_dtype else " without autocast"
+                + (" (this CPU's bf16 matmuls are slow enough to hide any overhead)" if args.amp == "auto" else ""))
+             + ". Evaluation: the forward pass alone under no_grad, with no optimizer in the process. "
+               f"Each tool's context is entered once per block of {args.block} steps and the steps are "
+               f"timed inside it; the blocks of the configurations are interleaved, {args.reps} blocks each "
                f"after {args.warmup} warm-up blocks, and the table gives the median step.", ""]
     for label, cfg in SIZES.items():
         if args.only and not label.startswith(args.only):
@@ -153,10 +164,9 @@ def main() -> None:
         model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"]).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         idx = torch.randint(0, 2048, (cfg["batch"], cfg["seq"]), device=dev)
-        amp_dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
 
         def step():
-            with torch.autocast(dev.type, dtype=amp_dtype):
+            with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
                 logits = model(idx)
             loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
             loss.backward()
@@ -214,7 +224,7 @@ def main() -> None:
             c = SyncCounter()
             block(make, 3, c)
             syncs[name] = str(round(c.count / 3))
-        with torch.autocast(dev.type, dtype=amp_dtype):
+        with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
             logits = model(idx)
         nodes = backward_nodes(nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1)))
         syncs["torch detect_anomaly"] = f"{nodes} backward-node checks (C++)"
@@ -226,8 +236,79 @@ def main() -> None:
             lines.append(f"| {name} | {med * 1000:.1f} ms | {med / base:.2f}x | {syncs[name]} |")
         lines.append("")
         print("\n".join(lines[-len(configs) - 4:]), flush=True)
+        if label.startswith("overhead"):
+            del opt
+            lines += evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, sync)
+            print("\n".join(lines[-8:]), flush=True)
     if not args.only:  # a partial run does not replace the recorded tables
         bench_env.write_results(f"trace-{args.device}", "\n".join(lines))
+
+
+def bf16_is_fast(dev) -> bool:
+    """Whether bf16 matmuls run at a useful speed here (CPUs without native bf16 emulate it)."""
+    a = torch.randn(256, 256, device=dev)
+    times = {}
+    for dt in (torch.float32, torch.bfloat16):
+        x = a.to(dt)
+        x @ x
+        t0 = time.perf_counter()
+        for _ in range(5):
+            x @ x
+        times[dt] = time.perf_counter() - t0
+    return times[torch.bfloat16] < 4 * times[torch.float32]
+
+
+def evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, sync) -> list[str]:
+    """The forward pass alone under no_grad, as an eval loop runs it (no optimizer exists)."""
+    import gc
+    gc.collect()
+    model.eval()
+
+    def forward():
+        with torch.no_grad(), torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16,
+                                             enabled=amp_dtype is not None):
+            return model(idx)
+
+    class HFContext:
+        def __enter__(self):
+            self.dbg = DebugUnderflowOverflow(model, max_frames_to_save=21)
+
+        def __exit__(self, *exc):
+            for m in model.modules():
+                m._forward_hooks.clear()
+
+    configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer}
+    if DebugUnderflowOverflow is not None:
+        configs["HF DebugUnderflowOverflow"] = HFContext
+    times = {k: [] for k in configs}
+    for rep in range(args.warmup + args.reps):
+        order = list(configs)
+        order = order[rep % len(order):] + order[: rep % len(order)]
+        for name in order:
+            with configs[name]():
+                for _ in range(args.block * 2):
+                    sync()
+                    t0 = time.perf_counter()
+                    forward()
+                    sync()
+                    if rep >= args.warmup:
+                        times[name].append(time.perf_counter() - t0)
+    syncs = {}
+    for name, make in configs.items():
+        c = SyncCounter()
+        with make():
+            for _ in range(Tracer.FORWARD_BATCH):
+                with c:
+                    forward()
+        syncs[name] = f"{c.count / Tracer.FORWARD_BATCH:.2g}"
+    base = statistics.median(times["untraced"])
+    out = [f"### evaluation, {label.split(' (')[0]} model ({label.split('(', 1)[1]}", "",
+           "| configuration | median forward | ratio to untraced | host syncs per forward |", "|---|---|---|---|"]
+    for name in configs:
+        med = statistics.median(times[name])
+        out.append(f"| {name} | {med * 1000:.1f} ms | {med / base:.2f}x | {syncs[name]} |")
+    out.append("")
+    return out
 
 
 if __name__ == "__main__":

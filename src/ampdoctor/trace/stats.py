@@ -271,9 +271,23 @@ def _count(idx: torch.Tensor, size: int, how: str | None = None) -> torch.Tensor
     return torch.zeros(size, dtype=torch.int64, device=idx.device).index_add_(0, idx, ones)
 
 
-@dataclass
+NCLASSES = len(CLASSES)
+FORMAT_NAMES = tuple(FORMATS)
+NCOUNTS = len(FORMATS) * NCLASSES  # class counts per tensor: format-major, CLASSES order
+
+
+def counts_to_classes(counts: list[float]) -> dict[str, dict[str, float]]:
+    """format -> class -> count, from the flat count list."""
+    return {name: dict(zip(CLASSES, counts[j * NCLASSES:(j + 1) * NCLASSES])) for j, name in enumerate(FORMAT_NAMES)}
+
+
+def index_of(fmt: str, cls: str) -> int:
+    return FORMAT_NAMES.index(fmt) * NCLASSES + CLASSES.index(cls)
+
+
+@dataclass(slots=True)
 class TensorSummary:
-    """Host-side summary of one tensor (or of several, once merged)."""
+    """Host-side summary of one tensor."""
 
     dtype: str
     numel: int
@@ -281,17 +295,22 @@ class TensorSummary:
     vmin: float
     vmax: float
     min_nonzero: float  # a lower bound, within a factor of two
-    classes: dict[str, dict[str, float]] = field(default_factory=dict)  # format -> class -> count
+    counts: list[float]  # class counts, format-major (see NCOUNTS)
     sampled: bool = False
 
     @property
+    def classes(self) -> dict[str, dict[str, float]]:
+        return counts_to_classes(self.counts)
+
+    @property
     def nonfinite(self) -> dict[str, float]:
-        c = self.classes["float16"]
-        return {"nan": c["nan"], "pinf": c["pinf"], "ninf": c["ninf"]}
+        c = self.counts
+        return {"nan": c[0], "pinf": c[1], "ninf": c[2]}
 
     @property
     def finite(self) -> bool:
-        return not any(self.nonfinite.values())
+        # the extremes are exact: NaN and inf anywhere show up in them
+        return math.isfinite(self.vmin) and math.isfinite(self.vmax)
 
 
 @dataclass(frozen=True)
@@ -328,25 +347,26 @@ def summarise(dtype: str, row: list[float], numel: int, sampled_n: int) -> Tenso
     """Host-side summary of one tensor from its ROW values."""
     vmin, vmax = row[0], row[1]
     scale = numel / sampled_n if sampled_n else 1.0
-    k = len(CLASSES)
-    classes = {name: dict(zip(CLASSES, [v * scale for v in row[2 + j * k: 2 + (j + 1) * k]]))
-               for j, name in enumerate(FORMATS)}
+    counts = row[2:2 + NCOUNTS]
+    if scale != 1.0:
+        counts = [v * scale for v in counts]
     has_nan = vmin != vmin or vmax != vmax
     absmax = math.nan if has_nan else max(-vmin, vmax)
     if has_nan or absmax >= _LOWEST_OVERFLOW:  # the exact extremes guarantee at least one when present
         finite_max = max((abs(v) for v in (vmin, vmax) if not math.isnan(v) and not math.isinf(v)), default=0.0)
-        for name, fmt in FORMATS.items():
-            acc = classes[name]
-            if finite_max >= fmt.overflow and acc["overflow"] < 1:  # its bucket straddles the threshold
-                acc["overflow"] = 1.0
-                acc["normal"] = max(0.0, acc["normal"] - 1.0)
-            if has_nan and acc["nan"] < 1:
-                acc["nan"] = 1.0
-            if vmax == math.inf and acc["pinf"] < 1:
-                acc["pinf"] = 1.0
-            if vmin == -math.inf and acc["ninf"] < 1:
-                acc["ninf"] = 1.0
-    return TensorSummary(dtype, numel, absmax, vmin, vmax, row[-1], classes, sampled_n < numel)
+        for j, fmt in enumerate(FORMATS.values()):
+            base = j * NCLASSES
+            if finite_max >= fmt.overflow and counts[base + _OVERFLOW] < 1:  # its bucket straddles the threshold
+                counts[base + _OVERFLOW] = 1.0
+                counts[base + _NORMAL] = max(0.0, counts[base + _NORMAL] - 1.0)
+            if has_nan and counts[base + _NAN] < 1:
+                counts[base + _NAN] = 1.0
+            if vmax == math.inf and counts[base + _PINF] < 1:
+                counts[base + _PINF] = 1.0
+            if vmin == -math.inf and counts[base + _NINF] < 1:
+                counts[base + _NINF] = 1.0
+    return TensorSummary(dtype, numel, absmax, vmin, vmax, row[-1], counts, sampled_n < numel)
 
 
+_NAN, _PINF, _NINF, _OVERFLOW, _NORMAL = (CLASSES.index(c) for c in ("nan", "pinf", "ninf", "overflow", "normal"))
 _LOWEST_OVERFLOW = min(f.overflow for f in FORMATS.values())

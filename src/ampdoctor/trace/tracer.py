@@ -35,6 +35,7 @@ except AttributeError:  # pragma: no cover - older torch
         return False
 
 _current_node = torch._C._current_autograd_node
+_F16_OVERFLOW = st.index_of("float16", "overflow")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -94,8 +95,7 @@ class ModuleAgg:
     absmax: float = 0.0
     min_nonzero: float = math.inf
     elements: float = 0.0
-    classes: dict[str, dict[str, float]] = field(default_factory=lambda: {
-        f: dict.fromkeys(st.CLASSES, 0.0) for f in FORMATS})
+    counts: list[float] = field(default_factory=lambda: [0.0] * st.NCOUNTS)
     nonfinite_steps: list[int] = field(default_factory=list)
     origin_steps: list[int] = field(default_factory=list)  # finite in, non-finite out
     overflow_steps: list[int] = field(default_factory=list)  # low-precision outputs overflowed to inf
@@ -107,20 +107,23 @@ class ModuleAgg:
         if not steps or steps[-1] != step:
             steps.append(step)
 
+    @property
+    def classes(self) -> dict[str, dict[str, float]]:
+        return st.counts_to_classes(self.counts)
+
     def add(self, s: st.TensorSummary) -> None:
         self.dtypes.add(s.dtype)
         if s.dtype not in LOW_PRECISION:
             self.tensors_fp32 = True
-        if math.isnan(s.absmax):
+        a = s.absmax
+        if a != a:
             self.absmax = math.nan
-        elif not math.isnan(self.absmax):
-            self.absmax = max(self.absmax, s.absmax)
-        self.min_nonzero = min(self.min_nonzero, s.min_nonzero)
+        elif a > self.absmax:
+            self.absmax = a
+        if s.min_nonzero < self.min_nonzero:
+            self.min_nonzero = s.min_nonzero
         self.elements += s.numel
-        for f, cl in s.classes.items():
-            acc = self.classes[f]
-            for k, v in cl.items():
-                acc[k] += v
+        self.counts = [x + y for x, y in zip(self.counts, s.counts)]
 
     def merge(self, other: "ModuleAgg") -> None:
         self.dtypes |= other.dtypes
@@ -130,9 +133,7 @@ class ModuleAgg:
                                                                                                  other.absmax)
         self.min_nonzero = min(self.min_nonzero, other.min_nonzero)
         self.elements += other.elements
-        for f, cl in other.classes.items():
-            for k, v in cl.items():
-                self.classes[f][k] += v
+        self.counts = [x + y for x, y in zip(self.counts, other.counts)]
         for name in ("nonfinite_steps", "origin_steps", "overflow_steps", "exceed_steps"):
             setattr(self, name, sorted(set(getattr(self, name)) | set(getattr(other, name))))
 
@@ -146,10 +147,13 @@ class ParamAgg:
     steps: int = 0
     absmax: float = 0.0
     elements: float = 0.0
-    classes: dict[str, dict[str, float]] = field(default_factory=lambda: {
-        f: dict.fromkeys(st.CLASSES, 0.0) for f in FORMATS})
+    counts: list[float] = field(default_factory=lambda: [0.0] * st.NCOUNTS)
     nonfinite_steps: list[int] = field(default_factory=list)
     scaled: bool = False  # measured before GradScaler.unscale_ (the values are loss-scaled)
+
+    @property
+    def classes(self) -> dict[str, dict[str, float]]:
+        return st.counts_to_classes(self.counts)
 
 
 @dataclass
@@ -809,8 +813,8 @@ class Tracer:
                         self._forward_origin(step, c, agg, bad)
             if c.child_origin and c.parent is not None:
                 c.parent.child_origin = True
-            exceeds = lambda s: s.classes["float16"]["overflow"] > 0  # noqa: E731 - finite values past fp16's range
-            if any(exceeds(s) for s in outs) and not any(exceeds(summ[g]) for g in c.ins if g in summ):
+            if any(s.counts[_F16_OVERFLOW] > 0 for s in outs) and \
+                    not any(summ[g].counts[_F16_OVERFLOW] > 0 for g in c.ins if g in summ):  # past fp16's range
                 agg.mark(agg.exceed_steps, step)
 
     def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list) -> None:
@@ -897,9 +901,7 @@ class Tracer:
                 pa.absmax = math.nan
             else:
                 pa.absmax = max(pa.absmax, s.absmax)
-            for f, cl in s.classes.items():
-                for k, v in cl.items():
-                    pa.classes[f][k] += v
+            pa.counts = [x + y for x, y in zip(pa.counts, s.counts)]
             if not s.finite:
                 ModuleAgg.mark(pa.nonfinite_steps, step)
                 bad_params.append(key)
