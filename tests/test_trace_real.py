@@ -6,6 +6,7 @@ Each test builds the pattern that real training and evaluation code uses (a GAN,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -386,6 +387,27 @@ def test_ops_names_the_autograd_node_and_its_forward_line():
     assert first["module"] == "dist" and first["op"] == "SqrtBackward0"
     assert "test_trace_real.py" in first["line"] and "torch.sqrt" in first["line"]
     assert "SqrtBackward0" in rep["findings"][0]["message"]
+
+
+def test_without_ops_the_node_is_named_when_the_same_backward_fails_again():
+    def run(tracer):
+        m = _nan_in_backward_model()
+        grads = []
+        with tracer:
+            for _ in range(3):
+                m(torch.ones(2, 4)).sum().backward()
+                grads.append(m.proj.weight.grad.clone())
+                m.zero_grad()
+        return grads
+
+    plain = run(contextlib.nullcontext())
+    t = Tracer()
+    traced = run(t)
+    assert all(bitwise(a, b) for a, b in zip(plain, traced))
+    first = t.report()["first_nonfinite"]
+    assert (first["module"], first["step"], first["op"]) == ("dist", 0, "SqrtBackward0")
+    assert "torch.sqrt" in first["line"]
+    assert "failed again, at step 1" in t.report()["findings"][0]["message"]
 
 
 def test_a_nan_in_the_loss_backward_outside_any_module():

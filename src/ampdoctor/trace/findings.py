@@ -254,7 +254,9 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
             where = ""
             if node.get("node"):
                 where = f" The autograd node was {node['node']}" + (
-                    f", created at {node['line']}." if node.get("line") else ".")
+                    f", created at {node['line']}" if node.get("line") else "") + (
+                    f" (named when its backward failed again, at step {node['seen_at']})."
+                    if node.get("seen_at") is not None else ".")
             elif tracer.ops and node.get("note"):
                 where = f" The replay could not name the autograd node: {node['note']}."
             else:

@@ -231,16 +231,24 @@ def _forward_line(node) -> str | None:
 
 
 class Replayer:
-    def __init__(self, tracer) -> None:
+    """With ``only`` (module keys), a probe: no forward replay, and inputs and gradients are kept
+    for those modules' calls alone, so that a backward origin found without ``--ops`` can be
+    named when the same module's backward goes non-finite again."""
+
+    def __init__(self, tracer, only: set[int] | None = None) -> None:
         self.tracer = tracer
-        self.forward_done = False
+        self.only = only
+        self.forward_done = only is not None
         self.forward_ops: dict[int, dict] = {}  # id(call) -> what the forward replay found
         self.grads: dict[int, torch.Tensor] = {}  # tensor id -> the gradient that flowed into it
+        self.keep: set[int] | None = set() if only is not None else None  # tensor ids whose gradients to keep
         self.backward_done = False
 
     # -- during the run ----------------------------------------------------------------------------
     def before(self, call, module, args) -> None:
         if self.forward_done and self.backward_done:
+            return
+        if self.only is not None and self.tracer.namer.canonical(call.key) not in self.only:
             return
         try:
             kwargs = _call_kwargs()
@@ -259,6 +267,8 @@ class Replayer:
         saved.needs_grad = any(t.requires_grad for t in _tensors(output))
         if not saved.needs_grad or self.backward_done:
             call.replay = None  # nothing will flow back into it: drop the copies now
+        elif self.keep is not None:
+            self.keep.update(call.outs)
         if self.forward_done:
             return
         if not _tensors(output) or any(_state(_tensors((saved.args, saved.kwargs)))) \
@@ -270,11 +280,13 @@ class Replayer:
                                                 "note": "the replay did not reproduce the non-finite value"}
 
     def grad(self, gid: int, grad: torch.Tensor) -> None:
-        if not self.backward_done:
+        if not self.backward_done and (self.keep is None or gid in self.keep):
             self.grads[gid] = grad
 
     def end_step(self) -> None:
         self.grads.clear()
+        if self.keep is not None:
+            self.keep.clear()
 
     # -- what the tracer asks when a step ends -------------------------------------------------------
     def forward_origin(self, call) -> dict | None:

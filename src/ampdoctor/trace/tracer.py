@@ -335,6 +335,7 @@ class Tracer:
         self._active = False
         self._replayer = None
         self._optimizer_made = False
+        self._probed = False  # a backward-origin probe was armed (without --ops)
         self._training: bool | None = None
         self._gid = 0
         self._dirty = False  # something ran since the last step was counted
@@ -947,8 +948,18 @@ class Tracer:
             o = Origin(step, "backward", self.namer.canonical(c.key), "nonfinite", also=also)
             agg = self._agg(c.key, "backward")
             agg.mark(agg.origin_steps, step)
-            if self._replayer is not None:
+            if self._replayer is not None and (self._replayer.only is None or o.key in self._replayer.only):
                 o.node = self._replayer.backward_origin(c, [c2 for o_, _, c2 in cands if o_ == first])
+                if self._replayer.only is not None:  # the probe's work is done
+                    self._replayer = None
+                    earlier = next((x for x in self.origins if x.phase == "backward" and x.key == o.key), None)
+                    if earlier is not None and o.node and o.node.get("node"):
+                        earlier.node = {**o.node, "seen_at": step}
+            elif self._replayer is None and self.grads and not self._probed:
+                # without --ops: keep this module's inputs from now on, to name the node if it happens again
+                from ampdoctor.trace.replay import Replayer
+                self._probed = True
+                self._replayer = Replayer(self, only={o.key, *also})
         self._add_origin(o)
         return o
 
