@@ -210,7 +210,7 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
             agg = aggs.get((name, "forward"))
             cls = agg.cls if agg is not None else tracer.namer.mods[o.key].cls
             op = o.node or {}
-            at = f" in {op['op']}" if op.get("op") else ""
+            at = f" ({op['op']} produced {op.get('produced') or 'it'} first)" if op.get("op") else ""
             note = f" ({op['note']})" if op.get("note") and op.get("op") else ""
             if o.kind == "overflow":
                 fmt = FORMATS[o.dtype] if o.dtype in FORMATS else FORMATS["float16"]

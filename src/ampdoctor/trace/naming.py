@@ -20,7 +20,7 @@ import sys
 import sysconfig
 import types
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -59,7 +59,6 @@ class Mod:
     tree: Tree | None = None
     path: str = ""
     group: bool = False
-    members: list = field(default_factory=list)  # keys folded into this group
 
 
 class Namer:
@@ -198,7 +197,6 @@ class Namer:
             self._groups[(m.parent, m.cls)] = gkey
             self.mods[gkey] = Mod(gkey, m.cls, m.parent, None, group=True)
         self.alias[m.key] = gkey
-        self.mods[gkey].members.append(m.key)
         obj = m.ref() if m.ref is not None else None
         if obj is not None:
             self._remember(obj, gkey)

@@ -374,7 +374,7 @@ class Tracer:
         self._patches.remove()
         try:
             if was_active and (self._pending or self._calls or self._parts or self._bwd or self._dirty):
-                self._flush(end_step=True, count=self._dirty)
+                self._flush(end_step=True, count=self._dirty, stop=False)
             if self.namer.pending:
                 self.namer.resolve()
         except Exception as exc:  # never let the tracer's own bookkeeping fail the caller
@@ -527,7 +527,7 @@ class Tracer:
             return seen[2]
         return None
 
-    def _measure(self, t, small: bool = False) -> int | None:
+    def _measure(self, t) -> int | None:
         """The id of this tensor's statistics in the step, measuring it only once per version."""
         if not isinstance(t, torch.Tensor):
             return None
@@ -680,10 +680,10 @@ class Tracer:
         if len(self._pending) >= self.PARTIAL:
             self._flush(end_step=False)
 
-    def _count(self) -> None:
+    def _count(self, stop: bool = True) -> None:
         self._dirty = False
         self.steps += 1
-        if self.max_steps is not None and self.steps >= self.max_steps:
+        if stop and self.max_steps is not None and self.steps >= self.max_steps:
             raise StopTracing()
 
     def _end_step(self) -> None:
@@ -712,7 +712,7 @@ class Tracer:
         self._gfin: dict[int, bool] = {}  # tensor id -> its gradients were finite
         self._gorder: dict[int, int] = {}  # tensor id -> order its first non-finite gradient arrived in
         self._bwd_counted: set[int] = set()
-        self._step_bad: dict[str, bool] = {"forward": False, "loss": False}
+        self._step_bad: dict[str, bool] = {"forward": False}
         self._step_params: list[tuple] = []
         self._step_scaler: list[tuple] = []
         self._fwd_batched = 0
@@ -757,7 +757,7 @@ class Tracer:
                     self._step_params.append((key, s, scaled))
         return out
 
-    def _flush(self, end_step: bool, count: bool = False) -> None:
+    def _flush(self, end_step: bool, count: bool = False, stop: bool = True) -> None:
         if self.namer.pending:
             self.namer.resolve()
         summ = self._transfer()
@@ -783,7 +783,7 @@ class Tracer:
         if self._replayer is not None:
             self._replayer.end_step()
         if count:
-            self._count()
+            self._count(stop)
 
     def _agg(self, key: int, phase: str) -> ModuleAgg:
         key = self.namer.canonical(key)
