@@ -334,6 +334,73 @@ def test_a_module_fed_non_finite_keyword_inputs_is_not_an_origin():
     assert not rows(rep)["cross"]["origin"]
 
 
+def test_nan_that_came_with_the_data_is_blamed_on_the_input_not_a_layer():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    with Tracer() as t:
+        for step in range(3):
+            x = torch.randn(8, 4)
+            if step == 1:
+                x[3, 1] = float("nan")  # one corrupt sample
+            m(x).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    rep = t.report()
+    assert rep["first_nonfinite"] == {"module": "(Sequential)", "phase": "input", "step": 1, "op": None}
+    assert [(f["phase"], f["module"]) for f in rep["findings"] if f.get("origin")] == [("input", "(Sequential)")]
+    assert "came in with the data" in rep["findings"][0]["message"]
+
+
+def test_steps_are_optimizer_steps_even_after_a_dummy_forward_in_init(tmp_path):
+    r, rep = run_cli(tmp_path, """\
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2))
+                with torch.no_grad():
+                    n = self.features(torch.zeros(1, 3, 10, 10)).numel()
+                self.fc = nn.Linear(n, 2)
+
+            def forward(self, x):
+                return self.fc(torch.flatten(self.features(x), 1))
+
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            x = torch.randn(4, 3, 10, 10)
+            if step == 3:
+                with torch.no_grad():
+                    model.features[0].weight[0, 0, 0, 0] = float("inf")  # the layer goes bad at step 3
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+    """)
+    assert rep["steps"] == 5 and rep["optimizer_steps"] == 5
+    assert rep["first_nonfinite"]["step"] == 3 and rep["first_nonfinite"]["module"] == "features.0"
+
+
+def test_a_json_report_on_stdout_stays_valid_when_the_script_prints(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "noisy.py"
+    script.write_text(textwrap.dedent("""\
+        import os, torch
+        print("epoch 1 loss 0.5")
+        os.write(1, b"raw bytes from C code\\n")
+        torch.nn.Linear(2, 2)(torch.ones(1, 2))
+    """))
+    out = subprocess.run([sys.executable, "-m", "ampdoctor", "trace", "--format", "json", str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["steps"] == 1
+    assert "epoch 1 loss 0.5" in out.stderr and "raw bytes from C code" in out.stderr
+
+
 # -- backward origins ------------------------------------------------------------------------------
 
 class Dist(nn.Module):

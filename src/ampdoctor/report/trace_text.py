@@ -28,6 +28,9 @@ def verdict(report: dict) -> str:
     if first:
         op = f", {first['op']}" if first.get("op") else ""
         at = f"step {first['step']}{op}"
+        if first["phase"] == "input":
+            return (f"NaN/Inf first appeared in the input of `{first['module']}` ({at}): it came with the data, "
+                    f"not from a layer.{tail}")
         if first["phase"] == "loss":
             return f"NaN/Inf first appeared in the loss ({at}), computed outside any module.{tail}"
         if first["phase"] == "param":

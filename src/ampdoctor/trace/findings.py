@@ -9,7 +9,7 @@ from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
 
 UNDERFLOW_MAJORITY = 0.5
 KINDS = ("nonfinite", "overflow", "underflow", "scaler")
-_PHASES = ("forward", "loss", "backward", "param")
+_PHASES = ("input", "forward", "loss", "backward", "param")
 
 
 def _num(x: float) -> float | None:
@@ -187,7 +187,7 @@ def counted_origins(tracer, health_by_step: dict[int, str]) -> list:
         if o.phase in ("backward", "param") and health_by_step.get(o.step) in ("warmup", "probe"):
             continue
         out.append(o)
-    out.sort(key=lambda o: (o.step, _PHASES.index(o.phase)))
+    out.sort(key=lambda o: (o.step, o.seq, _PHASES.index(o.phase)))
     return out
 
 
@@ -228,6 +228,13 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
                                        f"everything after it only propagated the values.{note} Every input it "
                                        "was given and every submodule output was finite, so its own forward code "
                                        "is the origin." + ("" if op.get("op") else ops_hint)})
+    elif phase == "input":
+        o = first[0]
+        name = names.get(o.key, "?")
+        out.append({"kind": "nonfinite", "module": name, "phase": "input", "step": step,
+                    "message": f"`{name}` was called with NaN/Inf in its inputs (step {step}), and no module had "
+                               "produced them: they came in with the data, or from code outside any module. "
+                               "Check the batch (torch.isfinite(x).all()) and the code that prepares it."})
     elif phase == "loss":
         o = first[0]
         what = "NaN" if o.produced == "nan" else "inf"

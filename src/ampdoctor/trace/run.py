@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
@@ -19,7 +20,37 @@ class ScriptResult:
     summary: str | None = None  # the exception's last line ("ValueError: bad batch")
 
 
-def run_script(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """The script's standard output goes to standard error, at the file-descriptor level too
+    (prints from C code and child processes), so that a report written to standard output stays
+    valid JSON or HTML."""
+    sys.stdout.flush()
+    try:
+        out_fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # not real files (a test runner's capture)
+        out_fd = err_fd = None
+    saved = os.dup(out_fd) if out_fd is not None else None
+    try:
+        if saved is not None:
+            os.dup2(err_fd, out_fd)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, out_fd)
+            os.close(saved)
+
+
+def run_script(path: str, args: list[str], tracer: Tracer, quiet_stdout: bool = False) -> ScriptResult:
+    """Run the script under the tracer; with ``quiet_stdout`` its standard output goes to
+    standard error."""
+    with _stdout_to_stderr() if quiet_stdout else contextlib.nullcontext():
+        return _run(path, args, tracer)
+
+
+def _run(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
     path = os.path.abspath(path)
     old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [path, *args]

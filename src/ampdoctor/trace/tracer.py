@@ -69,11 +69,14 @@ class _Call:
     """One module call: its key, the call that was running when it started, and the ids of the
     tensors it read and wrote."""
 
-    __slots__ = ("key", "parent", "ins", "outs", "child_origin", "recompute", "replay", "top", "step")
+    __slots__ = ("key", "parent", "ins", "outs", "child_origin", "recompute", "replay", "top", "step", "born",
+                 "seq")
 
-    def __init__(self, key: int, parent: "_Call | None", recompute: bool, step: int) -> None:
+    def __init__(self, key: int, parent: "_Call | None", recompute: bool, step: int, born: int, seq: int) -> None:
         self.key = key
+        self.seq = seq  # the order calls started in
         self.step = step
+        self.born = born  # the flush count when it was made
         self.parent = parent
         self.ins: list[int] = []
         self.outs: list[int] = []
@@ -179,6 +182,7 @@ class Origin:
     kind: str  # "overflow" or "nonfinite"
     produced: str = "nan"  # "nan" or "inf"
     also: list[int] = field(default_factory=list)  # modules that cannot be told apart from this one
+    seq: int = 0  # when it happened: origins are reported in this order
     params: list[int] = field(default_factory=list)
     node: dict | None = None  # the autograd node / aten op, when the replay could name it
     dtype: str | None = None
@@ -302,7 +306,8 @@ class Tracer:
 
     PARTIAL = 1 << 13  # measured tensors waiting in one step before they are counted early
     FORWARD_BATCH = 64  # forward-only steps (no optimizer, no backward) counted in one transfer
-    KEEP_CALLS = 1 << 16  # module calls kept for the backward analysis of one step
+    KEEP_CALLS = 1 << 16  # module calls kept for the backward analysis of later steps
+    CARRY = 8  # steps a call waits for its gradients
 
     def __init__(self, target: str | None = None, *, grads: bool = True, ops: bool = False,
                  max_steps: int | None = None) -> None:
@@ -338,10 +343,14 @@ class Tracer:
         self._probed = False  # a backward-origin probe was armed (without --ops)
         self._training: bool | None = None
         self._gid = 0
+        self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, version, id of its statistics, made by a module)
+        self._gid0 = 0  # ids up to this one were counted in an earlier transfer
         self._dirty = False  # something ran since the last step was counted
         self._open_grad = False
+        self._stop_next = False  # max_steps forward-only steps were counted
         self._carry_calls: list[_Call] = []
-        self._carry_hooked: dict[int, list[_Call]] = {}
+        self._carry_hooked: dict[int, tuple[int, list[_Call]]] = {}
+        self._flushes = 0
         self._reset_step()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -382,6 +391,7 @@ class Tracer:
         finally:
             self._reset_step()
             self._stack.clear()
+            self._seen = {}
             self._carry_calls, self._carry_hooked = [], {}
 
     # -- never fail the traced program ------------------------------------------------------------
@@ -435,7 +445,7 @@ class Tracer:
                 parent = c
                 break
         call = _Call(self.namer.key(module, parent.key if parent is not None else None), parent, recompute,
-                     self.steps)
+                     self.steps, self._flushes, self._gid)
         stack.append(call)
         if recompute:
             return
@@ -483,6 +493,7 @@ class Tracer:
             if gid is None:
                 continue
             call.outs.append(gid)
+            self._made(t, gid)
             if grad_on and t.requires_grad and t.grad_fn is not None:  # never hook a parameter: hooks on
                 wants_grad = True                                        # leaves would outlive the trace
                 self._hook(t, gid, call)
@@ -523,7 +534,7 @@ class Tracer:
 
     def _seen_gid(self, t: torch.Tensor) -> int | None:
         seen = self._seen.get(id(t))
-        if seen is not None and seen[0]() is t:
+        if seen is not None and seen[0]() is t and seen[2] > self._gid0:
             return seen[2]
         return None
 
@@ -536,18 +547,29 @@ class Tracer:
             if reason:
                 self._skip(reason)
             return None
-        if t.is_inference():  # no version counter: measured each time it is seen
-            return self._stage(t)
-        ver = t._version
-        seen = self._seen.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == ver:
-            return seen[2]
+        ver = None if t.is_inference() else t._version  # inference tensors have no version counter:
+        seen = self._seen.get(id(t))                     # they are measured each time they are seen
+        made = False
+        if seen is not None and seen[0]() is t:
+            if ver is not None and seen[1] == ver and seen[2] > self._gid0:
+                return seen[2]  # measured in this transfer, unchanged since
+            made = seen[3] and seen[1] == ver  # a module made it, in an earlier step
         gid = self._stage(t)
         try:
-            self._seen[id(t)] = (weakref.ref(t), ver, gid)
+            self._seen[id(t)] = (weakref.ref(t), ver, gid, made)
         except TypeError:  # pragma: no cover - tensors that refuse weak references
             pass
+        if made:
+            self._out_gids.add(gid)
         return gid
+
+    def _made(self, t: torch.Tensor, gid: int) -> None:
+        """Remember that a module returned this tensor (across steps: T5's encoder output read by
+        the decoder in the next forward-only step is not new data)."""
+        self._out_gids.add(gid)
+        seen = self._seen.get(id(t))
+        if seen is not None and seen[2] == gid and not seen[3]:
+            self._seen[id(t)] = (seen[0], seen[1], gid, True)
 
     def _stage(self, t: torch.Tensor) -> int:
         if type(t) not in _PLAIN:  # a subclass without its own dispatch: measure its plain values
@@ -653,14 +675,23 @@ class Tracer:
 
     # -- steps ---------------------------------------------------------------------------------
     def _is_training(self) -> bool:
-        """Whether steps end at the optimizer: it has stepped, or one exists."""
-        if self.optimizer_steps or self._optimizer_made:
+        """Whether steps end at the optimizer: it has stepped in this trace. Until then each
+        forward pass is a step; those steps become step 0 when the first optimizer step ends
+        (a dummy forward in ``__init__``, a sanity check before training)."""
+        return self.optimizer_steps > 0
+
+    def _expects_optimizer(self) -> bool:
+        """Whether this process trains: an optimizer or GradScaler was made during the trace, or
+        one is reachable from the script's variables. ``max_steps`` then counts optimizer steps."""
+        if self._optimizer_made:
             return True
         if self._training is None:
             self._training = find_instances((torch.optim.Optimizer, torch.amp.GradScaler))
         return self._training
 
     def _top_start(self) -> None:
+        if self._stop_next and not self._expects_optimizer():
+            raise StopTracing()
         if self._open_grad and not self._is_training():
             self._open_grad = False  # the forward, backward and update of the last step are done
             self._flush(end_step=True, count=True)
@@ -684,11 +715,33 @@ class Tracer:
         self._dirty = False
         self.steps += 1
         if stop and self.max_steps is not None and self.steps >= self.max_steps:
-            raise StopTracing()
+            if self._is_training():
+                raise StopTracing()
+            self._stop_next = True  # a forward-only step: stop before the next one, unless training follows
+
+    def _rebase(self) -> None:
+        """The first optimizer step: the forward-only steps before it become part of step 0."""
+        if not self.steps:
+            return
+        self.steps = 0
+        self._stop_next = False
+        for agg in self.modules.values():
+            for name in ("nonfinite_steps", "origin_steps", "overflow_steps", "exceed_steps"):
+                lst = getattr(agg, name)
+                if lst:
+                    lst[:] = [0]
+        for o in self.origins:
+            o.step = 0
+        if self.loss.nonfinite_steps:
+            self.loss.nonfinite_steps[:] = [0]
+        for rec in self.step_records:
+            rec.step = 0
 
     def _end_step(self) -> None:
         if not self._active:
             return
+        if not self.optimizer_steps:
+            self._rebase()
         self.optimizer_steps += 1
         try:
             self._flush(end_step=True, count=True)
@@ -705,7 +758,6 @@ class Tracer:
         self._grad_calls: list[_Call] = []
         self._hooked: dict[int, list[_Call]] = {}
         self._bwd: list[tuple[int, int]] = []  # (gradient's id, the id of the tensor it is the gradient of)
-        self._seen: dict[int, tuple] = {}
         self._parts: list[tuple] = []  # (flat device tensor, what it is)
         self._loss_gids: list[int] = []
         self._fin: dict[int, bool] = {}  # measured tensor id -> finite, for this step
@@ -713,6 +765,7 @@ class Tracer:
         self._gorder: dict[int, int] = {}  # tensor id -> order its first non-finite gradient arrived in
         self._bwd_counted: set[int] = set()
         self._step_bad: dict[str, bool] = {"forward": False}
+        self._out_gids: set[int] = set()  # tensors some module returned in this step
         self._step_params: list[tuple] = []
         self._step_scaler: list[tuple] = []
         self._fwd_batched = 0
@@ -766,19 +819,27 @@ class Tracer:
             self._fin[gid] = s.finite
         self._fold_forward(step, summ)
         self._fold_backward(step, summ)
+        self._gid0 = self._gid  # tensors measured before this transfer are measured again
         if not end_step:
-            self._seen.clear()
             keep = {g for c in self._stack if c is not None for g in c.ins}
             self._fin = {g: self._fin[g] for g in keep if g in self._fin}
             return
         self._end_of_step(step, summ)
-        carry = [c for c in self._grad_calls if any(g not in self._gfin for g in c.outs)]
-        hooked = {g: owners for g, owners in self._hooked.items() if g not in self._gfin}
+        # calls whose gradients have not arrived yet (a GAN's generator, backward after the next
+        # step) are kept for the next CARRY steps
+        self._flushes += 1
+        old = self._flushes - self.CARRY
+        carry = [c for c in self._carry_calls + self._grad_calls
+                 if c.born > old and any(g not in self._gfin for g in c.outs)]
+        hooked = {g: (born, owners) for g, (born, owners) in self._carry_hooked.items()
+                  if born > old and g not in self._gfin}
+        hooked.update((g, (self._flushes - 1, owners)) for g, owners in self._hooked.items() if g not in self._gfin)
         if len(carry) > self.KEEP_CALLS:
             carry, hooked = [], {}
             self.notes.setdefault("calls", "some steps had too many module calls to keep for the backward "
                                            "analysis of a later step")
         self._reset_step()
+        self._seen = {k: v for k, v in self._seen.items() if v[0]() is not None}
         self._carry_calls, self._carry_hooked = carry, hooked
         if self._replayer is not None:
             self._replayer.end_step()
@@ -795,8 +856,12 @@ class Tracer:
     def _fold_forward(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
         calls, self._calls = self._calls, []
         fin = self._fin
+        now = step
+        for c in calls:  # data that was NaN/Inf before any module touched it
+            if c.parent is None and not self._step_bad["forward"]:
+                self._input_origin(c.step if c.step <= now else now, c)
         for c in calls:
-            step = c.step
+            step = c.step if c.step <= now else now  # calls made before a rebase belong to step 0
             agg = self._agg(c.key, "forward")
             agg.calls += 1
             outs = [summ[g] for g in c.outs if g in summ]
@@ -829,9 +894,18 @@ class Tracer:
         if self._replayer is not None:
             op = self._replayer.forward_origin(c)
         self._add_origin(Origin(step, "forward", agg.key, "overflow" if overflow else "nonfinite",
-                                "nan" if nan else "inf", node=op, dtype=low[0] if low else bad[0].dtype))
+                                "nan" if nan else "inf", node=op, dtype=low[0] if low else bad[0].dtype, seq=c.seq))
+
+    def _input_origin(self, step: int, c: _Call) -> None:
+        """A top-level call given NaN/Inf that no module made: it came with the data, or from code
+        between modules."""
+        if any(not self._fin.get(g, True) and g not in self._out_gids for g in c.ins):
+            self._step_bad["forward"] = True
+            self._add_origin(Origin(step, "input", self.namer.canonical(c.key), "nonfinite", seq=c.seq))
 
     def _add_origin(self, o: Origin) -> None:
+        if not o.seq:
+            o.seq = self._gid + 1  # loss, backward and parameter origins: after the step's forward calls
         if len(self.origins) < 256:
             self.origins.append(o)
 
@@ -851,7 +925,7 @@ class Tracer:
                 self._gorder[tid] = len(self._gorder)
             owners = hooked.get(tid)
             if owners is None:
-                owners = carried.get(tid, ())
+                owners = carried.get(tid, (0, ()))[1]
             done = set()
             for c in owners:
                 key = self.namer.canonical(c.key)
