@@ -581,6 +581,39 @@ def test_reentrant_checkpointing_still_gets_gradient_statistics():
     assert rows(t.report(), "forward")["block.0"]["calls"] == 2  # the recomputation is not counted
 
 
+def test_an_output_the_loss_does_not_use_gets_no_gradient_and_breaks_nothing():
+    class Split(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x).chunk(2, dim=-1)  # two outputs of one autograd node
+
+    net = Split()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with Tracer() as t:
+        for _ in range(2):
+            a, b = net(torch.randn(4, 8))
+            a.sum().backward()  # b is unused: autograd calls its hook with None
+            opt.step()
+    rep = t.report()
+    assert rep["notes"] == [] and rep["steps"] == 2
+    assert rows(rep, "backward")["lin"]["calls"] == 2
+
+
+def test_ops_names_autocasts_weight_cast_as_the_overflowing_op():
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 16, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.rand(16, 16) * 1e5 + 7e4)  # every weight beyond float16's 65504
+    with Tracer(ops=True) as t:
+        with torch.autocast("cpu", dtype=torch.float16):  # its cast cache is on
+            lin(torch.rand(4, 16))
+    op = t.report()["op_origin"]
+    assert op["op"] == "aten._to_copy" and op["produced"] == "inf" and "cast to float16" in op["note"]
+
+
 # -- --ops changes nothing -------------------------------------------------------------------------------
 
 class BNBlock(nn.Module):

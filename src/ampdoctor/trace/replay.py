@@ -40,6 +40,7 @@ _FILLS = {"masked_fill", "masked_fill_", "fill", "fill_", "full", "full_like", "
           "scalar_tensor", "index_put", "index_put_", "masked_scatter", "masked_scatter_", "copy_", "_to_copy",
           "clone", "lift_fresh", "detach", "view", "_unsafe_view", "expand", "t", "transpose", "permute",
           "reshape", "unsqueeze", "squeeze", "slice", "select", "contiguous", "alias"}
+_CASTS = {"_to_copy", "to", "copy_", "_autocast_to_reduced_precision"}
 _NODE_LIMIT = 20_000
 
 
@@ -90,6 +91,9 @@ class _OriginMode(TorchDispatchMode):
             note = None
             if out_nan and in_inf and self.mask_ops:
                 note = f"its input held -inf/inf from {self.mask_ops[0]} (a mask); rows that are fully masked give NaN"
+            elif name in _CASTS and outs[0].dtype in (torch.float16, torch.bfloat16):
+                note = (f"a cast to {str(outs[0].dtype).replace('torch.', '')} of values beyond its range: "
+                        "autocast casts this op's weights and inputs")
             self.origin = {"op": f"aten.{name}", "produced": "nan" if out_nan else "inf", "note": note}
         return out
 
@@ -176,7 +180,8 @@ def _as_before(saved: "_Saved"):
             torch.cuda.set_rng_state_all(saved.rng[1])
         with contextlib.ExitStack() as stack:
             for dev, enabled, dtype in saved.autocast:
-                stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=enabled))
+                # no cast cache: a weight cast to float16 is cast again, so the replay sees that op
+                stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=enabled, cache_enabled=False))
             yield
     finally:
         torch.set_rng_state(now[0])

@@ -597,7 +597,7 @@ class Tracer:
 
     def _grad_hook(self, gid: int):
         def hook(grad):
-            if self._active:
+            if self._active and grad is not None:  # None: an output the loss did not use
                 try:
                     if skip_reason(grad) is None:
                         self._dirty = True
