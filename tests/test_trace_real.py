@@ -518,6 +518,20 @@ def test_a_scaler_skip_from_parameter_gradients_only_names_them():
     assert params["1.bias"]["nonfinite_steps"] >= 1 and params["1.bias"]["scaled"]
 
 
+def test_the_loss_is_measured_before_the_gradscaler_scales_it():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    with Tracer() as t:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = m(torch.ones(2, 4)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert t.report()["loss"]["absmax"] == pytest.approx(loss.item())
+
+
 def test_a_non_finite_loss_computed_outside_any_module_is_its_own_origin():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))

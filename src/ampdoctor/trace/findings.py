@@ -317,12 +317,19 @@ def _findings(tracer, target: str, rows: list[dict], aggs: dict, names: dict, he
         worst = under[0]
         others = [r["module"] for r in under[1:]]
         more = f" (and {len(others)} more: {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})" if others else ""
+        scales = [r.scale for r in tracer.step_records if r.scale is not None]
+        if scales:  # a GradScaler is in use: the values measured are already scaled
+            advice = (f" even at the GradScaler's scale ({_fmt(min(scales))} to {_fmt(max(scales))}): they lose "
+                      "precision or flush to zero. The scaler raises its scale after growth_interval steps without "
+                      "an overflow; if this persists, start from a higher init_scale, or train in bfloat16.")
+        else:
+            advice = (": they lose precision or flush to zero. Scale the loss with torch.amp.GradScaler, or train "
+                      "in bfloat16.")
         out.append({"kind": "underflow", "module": worst["module"], "phase": "backward", "step": 0,
                     "modules": [r["module"] for r in under],
                     "message": f"{worst['underflow_fraction']:.0%} of the nonzero gradient values at "
                                f"`{worst['module']}`{more} are below {target}'s normal range "
-                               f"({_fmt(fmt.smallest_normal)}): they lose precision or flush to zero. Scale the loss "
-                               "with torch.amp.GradScaler, or train in bfloat16."})
+                               f"({_fmt(fmt.smallest_normal)}){advice}"})
     if tracer.loss.nonzero:
         zero = [r for r in bwd if r["absmax"] == 0 and not sum(r["nonfinite"].values())
                 and set(r["dtype"].split(",")) <= set(LOW_PRECISION) and r["dtype"]]

@@ -228,6 +228,8 @@ class _Patches:
                 self._set(cls, "update", self._wrap_update(own["update"]))
             if "unscale_" in own:
                 self._set(cls, "unscale_", self._wrap_unscale(own["unscale_"]))
+            if "scale" in own:
+                self._set(cls, "scale", self._wrap_scale(own["scale"]))
         self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
         self._set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad))
         self._set(torch.optim.Optimizer, "__init__", self._wrap_init(vars(torch.optim.Optimizer)["__init__"]))
@@ -251,6 +253,18 @@ class _Patches:
                 tracer._guard(tracer._before_unscale, scaler, optimizer)
             return orig(scaler, optimizer)
         return unscale_
+
+    def _wrap_scale(self, orig):
+        tracer = self.tracer
+
+        def scale(scaler, outputs):
+            if tracer._active and getattr(scaler, "_enabled", False) and _current_node() is None:
+                tracer._guard(tracer._loss, outputs)  # the loss before it is scaled
+                out = orig(scaler, outputs)
+                tracer._guard(tracer._scaled_by_scaler, out)
+                return out
+            return orig(scaler, outputs)
+        return scale
 
     def _wrap_update(self, orig):
         tracer, patch = self.tracer, self
@@ -612,9 +626,16 @@ class Tracer:
             return None
         return hook
 
+    def _scaled_by_scaler(self, out) -> None:
+        for t in tensors_in(out):
+            self._scaled[id(t)] = weakref.ref(t)
+
     def _loss(self, tensors) -> None:
         self._dirty = True
         for t in tensors_in(tensors):
+            ref = self._scaled.get(id(t))
+            if ref is not None and ref() is t:
+                continue  # GradScaler.scale() output: its loss was measured unscaled
             gid = self._measure(t)
             if gid is not None:
                 self._loss_gids.append(gid)
@@ -760,6 +781,7 @@ class Tracer:
         self._bwd: list[tuple[int, int]] = []  # (gradient's id, the id of the tensor it is the gradient of)
         self._parts: list[tuple] = []  # (flat device tensor, what it is)
         self._loss_gids: list[int] = []
+        self._scaled: dict[int, weakref.ref] = {}  # the tensors GradScaler.scale() returned
         self._fin: dict[int, bool] = {}  # measured tensor id -> finite, for this step
         self._gfin: dict[int, bool] = {}  # tensor id -> its gradients were finite
         self._gorder: dict[int, int] = {}  # tensor id -> order its first non-finite gradient arrived in
