@@ -31,27 +31,31 @@ def measure(grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
     """One device's gradients -> (flat device tensor of len(grads) * ROW values, values counted
     per gradient). All gradients must be on the same device."""
     device = grads[0].device
-    if device.type == "cpu":  # the CPU's _foreach_norm(inf) is ten times slower than one aminmax each
-        ext = torch.stack([torch.stack(torch.aminmax(g)).to(torch.float64) for g in grads])
-    else:
-        ext = torch.empty(len(grads), dtype=torch.float64, device=device)
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        for i, g in enumerate(grads):
-            by_dtype.setdefault(g.dtype, []).append(i)
-        for idx in by_dtype.values():
-            norms = torch._foreach_norm([grads[i] for i in idx], math.inf)
-            vals = torch.stack([n.reshape(()) for n in norms]).to(torch.float64)
-            if len(idx) == len(grads):
-                ext = vals
-            else:
-                ext.index_copy_(0, st._to_device(torch.tensor(idx, dtype=torch.int64), device), vals)
-        ext = torch.stack([-ext, ext], dim=1)  # absmax as (min, max): NaN and inf are exact
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, g in enumerate(grads):
+        by_dtype.setdefault(g.dtype, []).append(i)
+    parts, order = [], []
+    for idx in by_dtype.values():
+        group = [grads[i] for i in idx]
+        if device.type == "cpu":  # the CPU's _foreach_norm(inf) is ten times slower than one aminmax each
+            ext = torch.stack([x for g in group for x in torch.aminmax(g)]).view(len(group), 2)
+        else:
+            norms = torch.stack([n.reshape(()) for n in torch._foreach_norm(group, math.inf)])
+            ext = torch.stack([-norms, norms], dim=1)  # absmax as (min, max): NaN and inf are exact
+        parts.append(ext.to(torch.float32 if device.type == "mps" else torch.float64))
+        order += idx
+    if len(parts) == 1:
+        ext = parts[0]
+    else:  # back to the gradients' order
+        where = [0] * len(grads)
+        for pos, i in enumerate(order):
+            where[i] = pos
+        ext = torch.cat(parts).index_select(0, st._to_device(torch.tensor(where, dtype=torch.int64), device))
     pieces, lengths = [], []
     for g in grads:
         flat = _flat_sample(g)
         lengths.append(flat.numel())
         pieces.append(flat)
     classes = st._classes(torch.cat(pieces), tuple(lengths), device)
-    ext = ext.to(classes.dtype if device.type == "mps" else torch.float64)
     out = torch.cat([ext, classes.to(ext.dtype)], dim=1)
     return out.reshape(-1), lengths

@@ -70,7 +70,7 @@ class _Call:
     tensors it read and wrote."""
 
     __slots__ = ("key", "parent", "ins", "outs", "child_origin", "recompute", "replay", "top", "step", "born",
-                 "seq")
+                 "seq", "gin")
 
     def __init__(self, key: int, parent: "_Call | None", recompute: bool, step: int, born: int, seq: int) -> None:
         self.key = key
@@ -84,6 +84,7 @@ class _Call:
         self.recompute = recompute  # a checkpoint recomputation during backward
         self.replay = None
         self.top = parent is None
+        self.gin: list | None = None  # (tensor, id) of inputs with a grad_fn, until the call returns
 
 
 @dataclass
@@ -465,10 +466,15 @@ class Tracer:
             return
         self.modules_ran = self._dirty = True
         measure = self._measure
+        gin = None
         for t in tensors_in(args):
             gid = measure(t)
             if gid is not None:
                 call.ins.append(gid)
+                if t.grad_fn is not None:
+                    if gin is None:
+                        gin = call.gin = []
+                    gin.append((t, gid))
         if self._replayer is not None:
             self._replayer.before(call, module, args)
 
@@ -495,29 +501,34 @@ class Tracer:
 
     def _leave_call(self, call: _Call, module, args, kwargs, output) -> None:
         measure = self._measure
-        if isinstance(kwargs, dict) and kwargs:
+        gin, call.gin = call.gin, None
+        if kwargs:
             for t in tensors_in(kwargs):
                 gid = measure(t)
                 if gid is not None:
                     call.ins.append(gid)
+                    if t.grad_fn is not None:
+                        if gin is None:
+                            gin = []
+                        gin.append((t, gid))
         grad_on = self.grads and torch.is_grad_enabled()
         wants_grad = False
+        hook = self._hook
         for t in tensors_in(output):
-            gid = measure(t)
+            gid = measure(t, True)
             if gid is None:
                 continue
             call.outs.append(gid)
-            self._made(t, gid)
-            if grad_on and t.requires_grad and t.grad_fn is not None:  # never hook a parameter: hooks on
-                wants_grad = True                                        # leaves would outlive the trace
-                self._hook(t, gid, call)
+            if grad_on and t.grad_fn is not None:  # never hook a parameter: hooks on leaves outlive the trace
+                wants_grad = True
+                hook(t, gid, call)
         if wants_grad:
             # the gradients flowing into its inputs tell whether its own backward went non-finite
-            for t in tensors_in(args) + (tensors_in(kwargs) if isinstance(kwargs, dict) and kwargs else []):
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None and type(t) in _PLAIN:
-                    gid = self._seen_gid(t)
-                    if gid is not None:
-                        self._hook(t, gid, None)
+            if gin:
+                hooked = self._hooked
+                for t, gid in gin:
+                    if gid not in hooked and type(t) in _PLAIN:
+                        hook(t, gid, None)
             self._grad_calls.append(call)
         self._calls.append(call)
         if self._replayer is not None:
@@ -546,13 +557,7 @@ class Tracer:
         self._gid += 1
         return self._gid
 
-    def _seen_gid(self, t: torch.Tensor) -> int | None:
-        seen = self._seen.get(id(t))
-        if seen is not None and seen[0]() is t and seen[2] > self._gid0:
-            return seen[2]
-        return None
-
-    def _measure(self, t) -> int | None:
+    def _measure(self, t, made: bool = False) -> int | None:
         """The id of this tensor's statistics in the step, measuring it only once per version."""
         if not isinstance(t, torch.Tensor):
             return None
@@ -561,13 +566,18 @@ class Tracer:
             if reason:
                 self._skip(reason)
             return None
+        # ``made``: a module returned it. That is remembered across steps (T5's encoder output read
+        # by the decoder in the next forward-only step is not new data).
         ver = None if t.is_inference() else t._version  # inference tensors have no version counter:
         seen = self._seen.get(id(t))                     # they are measured each time they are seen
-        made = False
         if seen is not None and seen[0]() is t:
             if ver is not None and seen[1] == ver and seen[2] > self._gid0:
-                return seen[2]  # measured in this transfer, unchanged since
-            made = seen[3] and seen[1] == ver  # a module made it, in an earlier step
+                gid = seen[2]  # measured in this transfer, unchanged since
+                if made and not seen[3]:
+                    self._seen[id(t)] = (seen[0], ver, gid, True)
+                    self._out_gids.add(gid)
+                return gid
+            made = made or (seen[3] and seen[1] == ver)  # a module made it, in an earlier step
         gid = self._stage(t)
         try:
             self._seen[id(t)] = (weakref.ref(t), ver, gid, made)
@@ -576,14 +586,6 @@ class Tracer:
         if made:
             self._out_gids.add(gid)
         return gid
-
-    def _made(self, t: torch.Tensor, gid: int) -> None:
-        """Remember that a module returned this tensor (across steps: T5's encoder output read by
-        the decoder in the next forward-only step is not new data)."""
-        self._out_gids.add(gid)
-        seen = self._seen.get(id(t))
-        if seen is not None and seen[2] == gid and not seen[3]:
-            self._seen[id(t)] = (seen[0], seen[1], gid, True)
 
     def _stage(self, t: torch.Tensor) -> int:
         if type(t) not in _PLAIN:  # a subclass without its own dispatch: measure its plain values
