@@ -811,3 +811,233 @@ def test_unknown_options_before_the_script_are_usage_errors_and_the_rest_goes_to
     assert '["--ops", "-o", "x", "--bogus"]' in r.stderr
     assert json.loads(r.stdout)["op_origin"] is None
     assert not os.path.exists("x")
+
+
+# -- hand-written training code -----------------------------------------------------------------------
+
+def test_autograd_grad_with_keywords_runs_as_it_does_untraced():
+    # a WGAN-GP gradient penalty: torch.autograd.grad(outputs=..., inputs=..., create_graph=True)
+    def run(tracer):
+        torch.manual_seed(0)
+        D = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+        opt = torch.optim.Adam(D.parameters(), 1e-3)
+        losses = []
+        with tracer:
+            for _ in range(2):
+                x = torch.randn(6, 4, requires_grad=True)
+                g, = torch.autograd.grad(outputs=D(x).sum(), inputs=x, create_graph=True)
+                loss = ((g.norm(2, dim=1) - 1) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+        return losses
+
+    want = run(contextlib.nullcontext())
+    t = Tracer()
+    got = run(t)
+    assert all(bitwise(a, b) for a, b in zip(want, got))
+    assert t.report()["notes"] == [] and t.report()["steps"] == 2
+
+
+def test_an_additive_inf_attention_mask_is_not_non_finite_data():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, batch_first=True, dropout=0.0)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.01)
+    mask = nn.Transformer.generate_square_subsequent_mask(5)  # 0 above, -inf below: the documented API
+    with Tracer() as t:
+        for _ in range(2):
+            layer(torch.randn(2, 5, 16), src_mask=mask, is_causal=True).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    rep = t.report()
+    assert rep["first_nonfinite"] is None
+    assert [f for f in rep["findings"] if f["kind"] in ("nonfinite", "overflow")] == []
+
+
+def test_a_module_given_a_mask_is_still_blamed_for_its_own_overflow():
+    class Scores(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x, mask):
+            s = x @ x.transpose(-1, -2) * 1e36  # overflows float32 on its own
+            return torch.softmax(s + mask, -1) @ self.proj(x)
+
+    mask = torch.triu(torch.full((3, 3), float("-inf")), 1)
+    with Tracer() as t:
+        Scores()(torch.ones(1, 3, 4) * 100, mask)
+    assert t.report()["first_nonfinite"]["module"] == "(Scores)"
+    assert t.report()["first_nonfinite"]["phase"] == "forward"
+
+
+def _nan_backward_scaler_run(steps, dtype=None):
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("active", torch.tensor([1.0, 1.0, 1.0, 0.0]))
+
+        def forward(self, x):
+            return torch.sqrt(x.exp() * self.active)  # a pruned unit: sqrt(0), whose backward is NaN
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), Scale(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with Tracer() as t:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=dtype or torch.float16, enabled=dtype is not None):
+                loss = model(torch.randn(8, 4)).float().pow(2).mean()
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return t.report()
+
+
+def test_a_backward_nan_on_every_step_is_not_a_gradscaler_warm_up():
+    # float32 gradients cannot overflow at any loss scale: every skip is unexpected
+    rep = _nan_backward_scaler_run(3)
+    assert [s["health"] for s in rep["scaler"]["steps"]] == ["unexpected"] * 3
+    assert rep["first_nonfinite"]["module"] == "1" and rep["first_nonfinite"]["step"] == 0
+    assert rep["first_nonfinite"]["op"] == "SqrtBackward0"  # named when it failed again
+    # float16: a back-off that never lets a step through, down to a scale below 1024, is a fault too
+    rep = _nan_backward_scaler_run(8, torch.float16)
+    assert set(s["health"] for s in rep["scaler"]["steps"]) == {"unexpected"}
+    assert rep["first_nonfinite"]["module"] == "1" and rep["first_nonfinite"]["phase"] == "backward"
+    assert any(f["kind"] == "scaler" for f in rep["findings"])
+
+
+def test_manual_updates_count_one_step_per_iteration_and_measure_parameter_gradients():
+    torch.manual_seed(0)
+    rnn = nn.GRU(8, 8, batch_first=True).half()
+    head = nn.Linear(8, 4).half()
+    criterion = nn.CrossEntropyLoss()  # a second top-level module in the same iteration
+    with Tracer() as t:
+        for _ in range(6):
+            out, _ = rnn(torch.randn(2, 5, 8).half())
+            loss = criterion(head(out[:, -1]).float(), torch.tensor([1, 3])) * 1e-3
+            loss.backward()
+            with torch.no_grad():
+                for p in list(rnn.parameters()) + list(head.parameters()):
+                    p.add_(p.grad, alpha=-0.1)
+                    p.grad = None
+    rep = t.report()
+    assert rep["steps"] == 6 and rep["loss"]["steps"] == 6
+    names = {p["param"] for p in rep["params"]}
+    assert "rnn.weight_hh_l0" in names and "head.bias" in names
+    assert all(p["steps"] == 6 for p in rep["params"])
+
+
+def test_max_steps_counts_optimizer_steps_after_forward_passes_in_init(tmp_path):
+    r, rep = run_cli(tmp_path, """\
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(3, 4, 3)
+                self.bn1 = nn.BatchNorm2d(4)
+                self.pool = nn.MaxPool2d(2)
+                with torch.no_grad():  # the flatten size, from the parts called one by one
+                    n = self.pool(self.bn1(self.conv1(torch.zeros(1, 3, 10, 10)))).numel()
+                self.fc = nn.Linear(n, 2)
+
+            def forward(self, x):
+                return self.fc(self.pool(self.bn1(self.conv1(x))).flatten(1))
+
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10):
+            model(torch.randn(4, 3, 10, 10)).pow(2).mean().backward()
+            opt.step(); opt.zero_grad()
+    """, "--max-steps", "2")
+    assert r.exit_code == 0 and rep["script"]["stopped_by_max_steps"]
+    assert rep["optimizer_steps"] == 2 and rep["steps"] == 2
+
+
+def test_an_evaluation_script_stops_after_max_steps_iterations(tmp_path):
+    r, rep = run_cli(tmp_path, """\
+        import torch
+        backbone, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+        with torch.no_grad():
+            for _ in range(100):
+                head(backbone(torch.randn(2, 4)))  # two top-level modules per iteration
+    """, "--max-steps", "5")
+    assert rep["steps"] == 5 and rep["script"]["stopped_by_max_steps"]
+    assert rows(rep)["backbone"]["calls"] == 5 and rows(rep)["head"]["calls"] == 5
+
+
+def test_a_compiled_model_is_named_as_itself_and_not_over_claimed():
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.inner(x) * 1e38 * 10  # overflows float32 inside compiled code
+
+    net = Net()
+    compiled = torch.compile(net, backend="eager")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with Tracer() as t:
+        compiled(torch.ones(1, 4)).sum().backward()
+        opt.step()
+    rep = t.report()
+    assert {r["module"] for r in rep["modules"]} <= {"(Net)", "inner"}
+    assert {p["param"] for p in rep["params"]} == {"inner.weight", "inner.bias"}
+    f = rep["findings"][0]
+    assert f["module"] == "(Net)" and "torch.compile" in f["message"] and "submodule output" not in f["message"]
+
+
+def test_a_disabled_gradscaler_still_gets_parameter_gradients_measured():
+    m = nn.Linear(4, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)  # nanoGPT's pattern for bf16
+    with Tracer() as t:
+        for _ in range(2):
+            scaler.scale(m(torch.randn(3, 4)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    rep = t.report()
+    assert rep["steps"] == 2 and {p["param"] for p in rep["params"]} == {"weight", "bias"}
+    assert all(p["steps"] == 2 for p in rep["params"])
+
+
+def test_a_tensor_optimized_without_a_module_is_named_by_its_variable():
+    target = torch.randn(1, 8)
+    input_img = torch.zeros(1, 8, requires_grad=True)
+    opt = torch.optim.LBFGS([input_img], max_iter=3)
+    net = nn.Linear(8, 8)
+
+    def closure():
+        opt.zero_grad()
+        loss = (net(input_img) - target).pow(2).mean()
+        loss.backward()
+        return loss
+
+    with Tracer() as t:
+        for _ in range(2):  # LBFGS computes the gradient inside step(): the second step sees it
+            opt.step(closure)
+    assert [p["param"] for p in t.report()["params"]] == ["input_img"]
+
+
+def test_finding_lines_keep_the_module_name_in_the_text_report():
+    from ampdoctor.report import trace_text
+    from rich.console import Console
+    import io
+
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        m[0].weight.fill_(1e38)
+    with Tracer() as t:
+        m(torch.ones(1, 4) * 10)
+    buf = io.StringIO()
+    trace_text.render(Console(file=buf, width=120, color_system=None), t.report())
+    lines = buf.getvalue().splitlines()
+    assert any(line.startswith("nonfinite [0] forward step 0") for line in lines)
+    table = lines[lines.index(next(x for x in lines if x.startswith("worst layers"))):]
+    assert "│ 0 " in next(x for x in table if "│" in x and "module" not in x)  # the origin row comes first

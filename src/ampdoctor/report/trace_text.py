@@ -63,7 +63,7 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
     if report["findings"]:
         console.print()
         for f in report["findings"]:
-            where = f" [{escape(f['module'])}]" if f.get("module") else ""
+            where = f" \\[{escape(f['module'])}]" if f.get("module") else ""
             console.print(f"[yellow]{f['kind']}[/yellow]{where} {f['phase']} step {f['step']}: {escape(f['message'])}",
                           highlight=False, soft_wrap=True)
     rows = [r for r in report["modules"] if r["phase"] == "forward" or r["nonfinite"]["nan"] or r["underflow_fraction"]]
@@ -73,7 +73,7 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
         head = r["headroom_bits"] if r["headroom_bits"] is not None else (-1e9 if nf else 1e9)
         return (-nf, -r["overflow_fraction"], -r["underflow_fraction"], head)
 
-    worst = sorted(rows, key=risk)[:limit]
+    worst = sorted(rows, key=lambda r: (not r.get("origin"), risk(r)))[:limit]  # the origin first
     if worst:
         table = Table(title="worst layers", title_justify="left")
         for col in ("module", "class", "phase", "dtype", "absmax", "min nonzero", "headroom bits",

@@ -59,16 +59,25 @@ def _innermost(names: list[str]) -> list[str]:
 
 
 # -- the GradScaler ------------------------------------------------------------------------------------
+SETTLED_SCALE = 2.0 ** 10  # an initial back-off still skipping below this scale is not a warm-up
+SETTLED_SKIPS = 4
+
+
 def scaler_health(recs) -> list[str]:
     """What each recorded step was: "ok", "warmup" (a skip during the initial back-off), "probe"
     (the first skip after the scale grew: the scaler trying a higher scale) or "unexpected".
 
     The rule (also in the README): skips are expected while the scale settles, that is in the run
-    of skips the first steps make, and once after each time the scale grew. Any other skip, a
-    second one without a growth in between, is unexpected, and so is a scale below 1."""
+    of skips the first steps make, and once after each time the scale grew, but only where a
+    float16 gradient could overflow at that scale. Any other skip, a second one without a growth
+    in between, a skip in a step with no float16 gradient (float32 and bfloat16 do not overflow
+    at any loss scale), and a scale below 1 are unexpected. An initial back-off in which no step
+    ever goes through, SETTLED_SKIPS skips or more that take the scale below 1024, was never a
+    warm-up: all of its skips are unexpected."""
     out = []
     initial, grew = True, False
-    for r in recs:
+    first_run: list[int] = []  # the indexes of the initial back-off's skips
+    for i, r in enumerate(recs):
         if not r.skipped:
             initial = False
             out.append("ok")
@@ -76,7 +85,7 @@ def scaler_health(recs) -> list[str]:
                 grew = True
             continue
         collapsed = r.new_scale is not None and not math.isnan(r.new_scale) and r.new_scale < 1.0
-        if collapsed:
+        if collapsed or not r.fp16:
             out.append("unexpected")
         elif initial:
             out.append("warmup")
@@ -85,6 +94,15 @@ def scaler_health(recs) -> list[str]:
             grew = False
         else:
             out.append("unexpected")
+        if initial:
+            first_run.append(i)
+    if first_run:
+        last = recs[first_run[-1]]
+        settled = "ok" in out  # a step went through: the back-off found a scale that works
+        low = last.new_scale is not None and not math.isnan(last.new_scale) and last.new_scale < SETTLED_SCALE
+        if not settled and len(first_run) >= SETTLED_SKIPS and low or any(out[i] == "unexpected" for i in first_run):
+            for i in first_run:  # the scale kept falling with no step going through: a fault, not a warm-up
+                out[i] = "unexpected"
     return out
 
 
@@ -106,8 +124,10 @@ def _scaler_section(tracer, names, health) -> dict | None:
         "unexpected_skips": health.count("unexpected"),
         "initial_scale": _num(scales[0]) if scales else None,
         "final_scale": _num(recs[-1].new_scale),
-        "min_scale": _num(min(scales)) if scales else None,
-        "max_scale": _num(max(scales)) if scales else None,
+        "min_scale": _num(min(scales + [recs[-1].new_scale] if recs[-1].new_scale is not None else scales))
+        if scales else None,
+        "max_scale": _num(max(scales + [recs[-1].new_scale] if recs[-1].new_scale is not None else scales))
+        if scales else None,
         **(tracer.scaler_meta or {}),
     }
 
@@ -181,10 +201,27 @@ def param_rows(tracer, target: str) -> list[dict]:
 # -- origins -----------------------------------------------------------------------------------------------
 def counted_origins(tracer, health_by_step: dict[int, str]) -> list:
     """The origins that count: a backward or parameter-gradient origin in a step the GradScaler
-    skipped as expected (it was still settling, or probing a higher scale) is loss scaling at work."""
+    skipped as expected (it was still settling, or probing a higher scale) is loss scaling at work.
+    In an initial back-off that never settled, the early skips also hold overflows that a lower
+    scale cures; the origin that is still there at its last skip is the fault."""
+    recs = tracer.step_records
+    failed = []
+    for r in recs:
+        if not r.skipped:
+            break
+        if health_by_step.get(r.step) == "unexpected":
+            failed.append(r.step)
+    keep = None
+    if failed:
+        last = [o for o in tracer.origins if o.step == failed[-1] and o.phase in ("backward", "param")]
+        if last:
+            keep = {(last[0].phase, last[0].key)}
     out = []
     for o in tracer.origins:
         if o.phase in ("backward", "param") and health_by_step.get(o.step) in ("warmup", "probe"):
+            continue
+        if keep is not None and o.step in failed and o.phase in ("backward", "param") \
+                and (o.phase, o.key) not in keep:
             continue
         out.append(o)
     out.sort(key=lambda o: (o.step, o.seq, _PHASES.index(o.phase)))
@@ -199,6 +236,10 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
     phase = first[0].phase
     out: list[dict] = []
     ops_hint = "" if tracer.ops else " Run with --ops to name the operation."
+    compiled_names = {names.get(k) for k in tracer.compiled_in}
+
+    def compiled(key) -> bool:
+        return names.get(key) in compiled_names
     if phase == "forward":
         fwd = [o for o in first if o.phase == "forward"]
         keep = set(_innermost([names.get(o.key, "?") for o in fwd]))
@@ -212,7 +253,7 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
             op = o.node or {}
             at = f" ({op['op']} produced {op.get('produced') or 'it'} first)" if op.get("op") else ""
             note = f" ({op['note']})" if op.get("note") and op.get("op") else ""
-            if o.kind == "overflow":
+            if o.kind == "overflow" and not compiled(o.key):
                 fmt = FORMATS[o.dtype] if o.dtype in FORMATS else FORMATS["float16"]
                 out.append({"kind": "overflow", "module": name, "phase": "forward", "step": step,
                             "op": op.get("op"),
@@ -220,6 +261,14 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
                                        f"values beyond {_fmt(fmt.max)} became inf.{note} Keep this layer in float32 "
                                        "(autocast(enabled=False) and .float() inputs), scale its inputs down, "
                                        "or use bfloat16."})
+            elif compiled(o.key):
+                what = "NaN" if o.produced == "nan" else "inf"
+                out.append({"kind": "nonfinite", "module": name, "phase": "forward", "step": step,
+                            "op": op.get("op"),
+                            "message": f"`{name}` ({cls}) produced {what} from finite inputs{at} (step {step}). Its "
+                                       "forward ran inside torch.compile, so its submodules were not traced: the "
+                                       "origin is somewhere in its compiled code. Trace without torch.compile to "
+                                       "name the layer."})
             else:
                 what = "NaN" if o.produced == "nan" else "inf"
                 out.append({"kind": "nonfinite", "module": name, "phase": "forward", "step": step,

@@ -75,6 +75,7 @@ class Namer:
         self._params: dict[int, tuple] = {}  # id(param) -> (weakref, pkey)
         self._param_at: dict[int, tuple] = {}  # pkey -> (tree, dotted name)
         self._param_unresolved: set[int] = set()
+        self._param_label: dict[int, str] = {}  # pkey -> the variable holding a parameter no module owns
         self._next = 0
         self._pnext = 0
 
@@ -139,7 +140,8 @@ class Namer:
             obj = m.ref() if m.ref is not None else None
             if obj is not None:
                 live[key] = obj
-        roots = _find_roots(frame) + [(None, obj) for obj in live.values()]
+        loose: dict[int, tuple] = {}
+        roots = _find_roots(frame, loose if self._param_unresolved else None) + [(None, obj) for obj in live.values()]
         index: dict[int, tuple] = {}  # id(module) -> (tree, path), in the largest tree
         pindex: dict[int, tuple] = {}  # id(param) -> (param, tree, name)
         want_params = bool(self._param_unresolved)
@@ -150,12 +152,14 @@ class Namer:
                 continue  # already named inside a tree found before
             done.add(rid)
             try:
-                subs = list(root.named_modules())
+                subs = [(_strip(path), sub) for path, sub in root.named_modules()]
             except Exception:  # a module whose named_modules() fails: leave it to the others
                 continue
             tree = self._trees.get(rid)
             if tree is None or tree.ref() is not root:
-                tree = self._trees[rid] = Tree(len(self._trees), type(root).__name__, label, len(subs),
+                inner = getattr(root, "_orig_mod", None)  # torch.compile's wrapper: the class it wraps
+                cls = type(inner if isinstance(inner, torch.nn.Module) else root).__name__
+                tree = self._trees[rid] = Tree(len(self._trees), cls, label, len(subs),
                                                weakref.ref(root))
             else:
                 tree.size = len(subs)
@@ -167,6 +171,7 @@ class Namer:
             if want_params:
                 try:
                     for name, p in root.named_parameters():
+                        name = _strip(name)
                         have = pindex.get(id(p))
                         if have is None or have[1].size < tree.size:
                             pindex[id(p)] = (p, tree, name)
@@ -187,6 +192,8 @@ class Namer:
                 hit = pindex.get(pid)
                 if hit is not None and hit[0] is ref():
                     self._param_at[pkey] = (hit[1], hit[2])
+                elif pid in loose and loose[pid][0] is ref() and pkey not in self._param_at:
+                    self._param_label[pkey] = loose[pid][1]
             self._param_unresolved.clear()
 
     def _fold(self, m: Mod) -> None:
@@ -270,7 +277,17 @@ class Namer:
 
     def param_name(self, pkey: int) -> str:
         hit = self._param_at.get(pkey)
-        return _join(*hit) if hit is not None else f"(parameter #{pkey})"
+        if hit is not None:
+            return _join(*hit)
+        return self._param_label.get(pkey) or f"(parameter #{pkey})"
+
+
+def _strip(path: str) -> str:
+    """A path without torch.compile's wrapper: ``encoder._orig_mod.layer.0`` is ``encoder.layer.0``
+    (the wrapper and the module it wraps share a name)."""
+    if "_orig_mod" not in path:
+        return path
+    return ".".join(p for p in path.split(".") if p != "_orig_mod")
 
 
 def _join(tree: Tree, path: str) -> str:
@@ -298,9 +315,11 @@ def _user_frames(frame) -> list:
     return frames
 
 
-def _find_roots(frame=None) -> list[tuple[str | None, torch.nn.Module]]:
+def _find_roots(frame=None, tensors: dict | None = None) -> list[tuple[str | None, torch.nn.Module]]:
     """(label, module) for every module reachable from the script's globals and the running
-    frames' locals, breadth first (so each gets its shortest label), within a budget."""
+    frames' locals, breadth first (so each gets its shortest label), within a budget. With
+    ``tensors``, id -> (tensor, label) of the tensors held by those variables is filled in too
+    (a tensor optimized directly, without a module: style transfer's input image)."""
     starts: list[tuple[str, object]] = []
     main = sys.modules.get("__main__")
     g = getattr(main, "__dict__", None)
@@ -347,6 +366,10 @@ def _find_roots(frame=None) -> list[tuple[str | None, torch.nn.Module]]:
         except Exception:
             continue
         queue += [(lab, v, depth + 1) for lab, v in items if not isinstance(v, _LEAF_TYPES)]
+    if tensors is not None:
+        for label, obj in starts:
+            if isinstance(obj, torch.Tensor) and obj.requires_grad and id(obj) not in tensors:
+                tensors[id(obj)] = (obj, label)
     return out
 
 

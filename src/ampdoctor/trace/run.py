@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import importlib.machinery
 import os
 import runpy
 import sys
 import traceback
+import types
+import zipfile
 from dataclasses import dataclass
 
 from ampdoctor.trace.tracer import StopTracing, Tracer
@@ -50,6 +54,24 @@ def run_script(path: str, args: list[str], tracer: Tracer, quiet_stdout: bool = 
         return _run(path, args, tracer)
 
 
+def _compile(path: str):
+    with open(path, "rb") as f:
+        source = f.read()
+    return compile(source, path, "exec", dont_inherit=True)
+
+
+def _main_module(path: str) -> types.ModuleType:
+    """A fresh ``__main__`` for the script, as ``python SCRIPT`` makes it. Unlike runpy's, its
+    globals stay the script's until the tracer has closed, so that the report can still name
+    the models they hold."""
+    mod = types.ModuleType("__main__")
+    mod.__dict__.update({"__file__": path, "__cached__": None, "__package__": None, "__spec__": None,
+                         "__loader__": importlib.machinery.SourceFileLoader("__main__", path),
+                         "__builtins__": builtins})
+    sys.modules["__main__"] = mod
+    return mod
+
+
 def _run(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
     path = os.path.abspath(path)
     old_argv, old_path0 = sys.argv[:], sys.path[0] if sys.path else None
@@ -61,8 +83,13 @@ def _run(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
         sys.path.insert(0, script_dir)
     main_mod = sys.modules.get("__main__")
     try:
-        with tracer:
-            runpy.run_path(path, run_name="__main__")
+        if os.path.isfile(path) and not zipfile.is_zipfile(path):
+            code = _compile(path)  # a syntax error is the script's own error
+            with tracer:
+                exec(code, _main_module(path).__dict__)
+        else:  # a directory or zip file with a __main__.py
+            with tracer:
+                runpy.run_path(path, run_name="__main__")
         return ScriptResult(0, None, False)
     except StopTracing:
         return ScriptResult(0, None, True)

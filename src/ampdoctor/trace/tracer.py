@@ -171,6 +171,7 @@ class StepRecord:
     first_bad_grad: int | None = None  # the module key of the step's backward origin
     bad_params: list[int] = field(default_factory=list)
     grads_nonfinite: bool = False  # any activation gradient was non-finite
+    fp16: bool = False  # some gradient of the step was float16: the loss scale can overflow it
 
 
 @dataclass
@@ -196,6 +197,7 @@ class LossAgg:
     dtypes: set[str] = field(default_factory=set)
     nonfinite_steps: list[int] = field(default_factory=list)
     nonzero: bool = False
+    last: int | None = None  # the last step counted
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -240,10 +242,13 @@ class _Patches:
 
         def step(scaler, optimizer, *args, **kwargs):
             tracer._in_scaler_step += 1
+            enabled = getattr(scaler, "_enabled", False)
+            tracer._in_enabled_scaler_step += enabled  # a disabled scaler calls optimizer.step() as is
             try:
                 return orig(scaler, optimizer, *args, **kwargs)
             finally:
                 tracer._in_scaler_step -= 1
+                tracer._in_enabled_scaler_step -= enabled
         return step
 
     def _wrap_unscale(self, orig):
@@ -288,10 +293,14 @@ class _Patches:
     def _wrap_backward(self, orig):
         tracer = self.tracer
 
-        def backward(tensors, *args, **kwargs):
-            if tracer._active and _current_node() is None and not in_functorch_transform():
-                tracer._guard(tracer._loss, tensors)
-            return orig(tensors, *args, **kwargs)
+        def backward(*args, **kwargs):
+            top = tracer._active and _current_node() is None and not in_functorch_transform()
+            if top:  # the loss: torch.autograd.backward(tensors) or torch.autograd.grad(outputs, ...)
+                tracer._guard(tracer._loss, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
+            result = orig(*args, **kwargs)
+            if top and tracer._active and not tracer._is_training():
+                tracer._guard(tracer._after_backward)
+            return result
         backward.__wrapped__ = orig
         backward.__name__ = getattr(orig, "__name__", "backward")
         backward.__doc__ = getattr(orig, "__doc__", None)
@@ -343,6 +352,7 @@ class Tracer:
         self.op_origin: dict | None = None
         self.scaler_meta: dict | None = None
         self.not_traced: set[str] = set()  # classes of modules that ran inside torch.compile
+        self.compiled_in: set[int] = set()  # keys of the modules whose forward ran compiled code
         self.dtypes_seen: set[str] = set()
         self.skipped: dict[str, int] = {}  # kinds of tensors that were not measured -> count
         self.notes: dict[str, str] = {}
@@ -351,6 +361,7 @@ class Tracer:
         self._patches = _Patches(self)
         self._handles: list = []
         self._in_scaler_step = 0
+        self._in_enabled_scaler_step = 0
         self._stack: list[_Call | None] = []
         self._active = False
         self._replayer = None
@@ -361,8 +372,7 @@ class Tracer:
         self._seen: dict[int, tuple] = {}  # id(tensor) -> (weakref, version, id of its statistics, made by a module)
         self._gid0 = 0  # ids up to this one were counted in an earlier transfer
         self._dirty = False  # something ran since the last step was counted
-        self._open_grad = False
-        self._stop_next = False  # max_steps forward-only steps were counted
+        self._open_grad = False  # a forward-only step returned tensors that need gradients
         self._carry_calls: list[_Call] = []
         self._carry_hooked: dict[int, tuple[int, list[_Call]]] = {}
         self._flushes = 0
@@ -436,6 +446,8 @@ class Tracer:
             return None
         if _compiling():  # inside torch.compile: reported as not traced, never baked into a graph
             self.not_traced.add(type(module).__name__)
+            if self._stack and self._stack[-1] is not None:
+                self.compiled_in.add(self._stack[-1].key)  # its submodules ran compiled, unseen
             return None
         try:
             if in_functorch_transform():
@@ -452,15 +464,15 @@ class Tracer:
     def _enter_call(self, module, args) -> None:
         recompute = _current_node() is not None  # forward hooks during backward: checkpoint recomputation
         stack = self._stack
-        if not stack and not recompute:
-            self._top_start()
         parent = None
         for c in reversed(stack):
             if c is not None:
                 parent = c
                 break
-        call = _Call(self.namer.key(module, parent.key if parent is not None else None), parent, recompute,
-                     self.steps, self._flushes, self._gid)
+        key = self.namer.key(module, parent.key if parent is not None else None)
+        if not stack and not recompute:
+            self._top_start(key, module)
+        call = _Call(key, parent, recompute, self.steps, self._flushes, self._gid)
         stack.append(call)
         if recompute:
             return
@@ -633,7 +645,7 @@ class Tracer:
             self._scaled[id(t)] = weakref.ref(t)
 
     def _loss(self, tensors) -> None:
-        self._dirty = True
+        self._dirty = self._backward_seen = True
         for t in tensors_in(tensors):
             ref = self._scaled.get(id(t))
             if ref is not None and ref() is t:
@@ -643,7 +655,7 @@ class Tracer:
                 self._loss_gids.append(gid)
 
     def _optimizer_pre_hook(self, optimizer, args, kwargs) -> None:
-        if self._active and not self._in_scaler_step:
+        if self._active and not self._in_enabled_scaler_step:
             self._guard(self._probe_params, optimizer, False)
 
     def _optimizer_hook(self, optimizer, args, kwargs) -> None:
@@ -659,19 +671,35 @@ class Tracer:
         if stage is None or getattr(stage, "name", "READY") == "READY":
             self._probe_params(optimizer, True)
 
+    def _after_backward(self) -> None:
+        """No optimizer in this process (a hand-written update): the parameters' gradients are
+        measured right after backward, before the update can use and clear them."""
+        if self._expects_optimizer():
+            return
+        params, seen = [], set()
+        for ref in self._tops.values():
+            m = ref()
+            if m is not None:
+                for p in m.parameters():
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
+        self._probe(params, False)
+
     def _probe_params(self, optimizer, scaled: bool) -> None:
+        self._probe([p for group in optimizer.param_groups for p in group["params"]], scaled)
+
+    def _probe(self, params, scaled: bool) -> None:
         if not self.grads:
             return
         by_dev: dict[torch.device, tuple[list, list]] = {}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                g = getattr(p, "grad", None)
-                if g is None or not isinstance(g, torch.Tensor) or skip_reason(g) is not None \
-                        or g.is_inference():
-                    continue
-                keys, grads = by_dev.setdefault(g.device, ([], []))
-                keys.append(self.namer.param_key(p))
-                grads.append(g.detach())
+        for p in params:
+            g = getattr(p, "grad", None)
+            if g is None or not isinstance(g, torch.Tensor) or skip_reason(g) is not None or g.is_inference():
+                continue
+            keys, grads = by_dev.setdefault(g.device, ([], []))
+            keys.append(self.namer.param_key(p))
+            grads.append(g.detach())
         for dev, (keys, grads) in by_dev.items():
             flat, lengths = pm.measure(grads)
             dtypes = [_dtype_name(g.dtype) for g in grads]
@@ -712,24 +740,32 @@ class Tracer:
             self._training = find_instances((torch.optim.Optimizer, torch.amp.GradScaler))
         return self._training
 
-    def _top_start(self) -> None:
-        if self._stop_next and not self._expects_optimizer():
-            raise StopTracing()
-        if self._open_grad and not self._is_training():
-            self._open_grad = False  # the forward, backward and update of the last step are done
-            self._flush(end_step=True, count=True)
+    def _top_start(self, key: int, module) -> None:
+        if not self._is_training() and (self._backward_seen or key in self._tops):
+            # no optimizer has stepped: a step is one iteration of the script's loop, and the next
+            # one starts when a module already called at the top level is called again, or after
+            # a backward (a hand-written update). A loss module or a second model called before
+            # backward belongs to the same step.
+            self._end_forward_step()
+        if key not in self._tops:
+            self._tops[key] = weakref.ref(module)
 
-    def _top_end(self, wants_grad: bool) -> None:
-        if not self._is_training():
-            if wants_grad:  # a backward may follow: this step ends when the next forward starts
-                self._open_grad = True
-                return
-            # nothing can flow back into it: the forward pass is the step; the statistics of
-            # FORWARD_BATCH of them share one transfer
+    def _end_forward_step(self) -> None:
+        if self._open_grad or self._backward_seen:  # gradients: analyse the step now
+            self._flush(end_step=True, count=True, stop=False)
+        else:  # forward passes alone: the statistics of FORWARD_BATCH of them share one transfer
             self._fwd_batched += 1
             if self._fwd_batched >= self.FORWARD_BATCH or len(self._pending) >= self.PARTIAL:
                 self._flush(end_step=True)
-            self._count()
+            self._count(stop=False)
+        self._open_grad = self._backward_seen = False
+        self._tops = {}
+        if self.max_steps is not None and self.steps >= self.max_steps and not self._expects_optimizer():
+            raise StopTracing()  # an evaluation script: max_steps counts its iterations
+
+    def _top_end(self, wants_grad: bool) -> None:
+        if not self._is_training():
+            self._open_grad = self._open_grad or wants_grad
             return
         if len(self._pending) >= self.PARTIAL:
             self._flush(end_step=False)
@@ -738,16 +774,14 @@ class Tracer:
         self._dirty = False
         self.steps += 1
         if stop and self.max_steps is not None and self.steps >= self.max_steps:
-            if self._is_training():
-                raise StopTracing()
-            self._stop_next = True  # a forward-only step: stop before the next one, unless training follows
+            raise StopTracing()
 
     def _rebase(self) -> None:
         """The first optimizer step: the forward-only steps before it become part of step 0."""
+        self._open_grad = False
         if not self.steps:
             return
         self.steps = 0
-        self._stop_next = False
         for agg in self.modules.values():
             for name in ("nonfinite_steps", "origin_steps", "overflow_steps", "exceed_steps"):
                 lst = getattr(agg, name)
@@ -757,6 +791,8 @@ class Tracer:
             o.step = 0
         if self.loss.nonfinite_steps:
             self.loss.nonfinite_steps[:] = [0]
+        if self.loss.steps:
+            self.loss.steps, self.loss.last = 1, 0
         for rec in self.step_records:
             rec.step = 0
 
@@ -793,6 +829,9 @@ class Tracer:
         self._step_params: list[tuple] = []
         self._step_scaler: list[tuple] = []
         self._fwd_batched = 0
+        self._backward_seen = False
+        self._step_fp16 = False
+        self._tops: dict[int, weakref.ref] = {}  # the modules called at the top level in this step
 
     def _transfer(self) -> dict[int, st.TensorSummary]:
         pending, batches, parts = self._pending, self._batches, self._parts
@@ -839,8 +878,11 @@ class Tracer:
             self.namer.resolve()
         summ = self._transfer()
         step = self.steps
+        out_gids = self._out_gids
         for gid, s in summ.items():
-            self._fin[gid] = s.finite
+            # -inf and finite values only, and no module made it: an additive attention mask
+            # (generate_square_subsequent_mask), which makes no call's inputs non-finite
+            self._fin[gid] = s.finite or (s.vmin == -math.inf and math.isfinite(s.vmax) and gid not in out_gids)
         self._fold_forward(step, summ)
         self._fold_backward(step, summ)
         self._gid0 = self._gid  # tensors measured before this transfer are measured again
@@ -940,6 +982,8 @@ class Tracer:
             s = summ.get(g)
             if s is None:
                 continue
+            if s.dtype == "float16":
+                self._step_fp16 = True
             ok = s.finite
             if tid in self._gfin:
                 self._gfin[tid] = self._gfin[tid] and ok
@@ -979,8 +1023,9 @@ class Tracer:
             if not ok:
                 loss_bad = True
                 ModuleAgg.mark(la.nonfinite_steps, step)
-        if self._loss_gids:
+        if self._loss_gids and self.loss.last != step:  # steps with a loss (split steps count once)
             self.loss.steps += 1
+            self.loss.last = step
         if loss_bad and not self._step_bad["forward"]:
             s = next((summ[g] for g in self._loss_gids if g in summ and not summ[g].finite), None)
             self._add_origin(Origin(step, "loss", None, "nonfinite",
@@ -1014,7 +1059,8 @@ class Tracer:
         # the GradScaler
         for before, found, after in self._step_scaler:
             rec = StepRecord(step, before, after, bool(found > 0 or math.isnan(found)),
-                             origin.key if origin is not None else None, bad_params[:16], grads_bad)
+                             origin.key if origin is not None else None, bad_params[:16], grads_bad,
+                             self._step_fp16 or any(s.dtype == "float16" for _, s, _ in self._step_params))
             self.step_records.append(rec)
 
     def _backward_origin(self, step: int) -> Origin:
