@@ -2,7 +2,8 @@
 GradScaler bookkeeping.
 
 Statistics stay on the device during a step; when the step ends (an optimizer step or
-``scaler.update()``, or, in a run with no optimizer, each top-level forward) all of them are
+``scaler.update()``, or, until an optimizer has stepped, each iteration of the script's loop) all
+of them are
 copied to the host in one transfer and folded into per-module summaries. Names are resolved
 from the script's module trees when a step ends (see ``naming``). Nothing the tracer does can
 stop the traced program: an error inside the tracer is caught, reported once as a note, and
@@ -14,9 +15,8 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +24,8 @@ from ampdoctor.trace import params as pm
 from ampdoctor.trace import stats as st
 from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
 from ampdoctor.trace.naming import Namer, find_instances
+from ampdoctor.trace.patches import Patches
+from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord
 from ampdoctor.trace.tensors import in_functorch_transform, skip_reason, tensors_in
 
 __all__ = ["StopTracing", "Tracer", "tensors_in"]
@@ -87,239 +89,6 @@ class _Call:
         self.gin: list | None = None  # (tensor, id) of inputs with a grad_fn, until the call returns
 
 
-@dataclass
-class ModuleAgg:
-    """Everything seen for one (module, phase) over the run."""
-
-    key: int
-    cls: str
-    phase: str
-    dtypes: set[str] = field(default_factory=set)
-    calls: int = 0
-    absmax: float = 0.0
-    min_nonzero: float = math.inf
-    elements: float = 0.0
-    counts: list[float] = field(default_factory=lambda: [0.0] * st.NCOUNTS)
-    nonfinite_steps: list[int] = field(default_factory=list)
-    origin_steps: list[int] = field(default_factory=list)  # finite in, non-finite out
-    overflow_steps: list[int] = field(default_factory=list)  # low-precision outputs overflowed to inf
-    exceed_steps: list[int] = field(default_factory=list)  # outputs past fp16's range from inputs within it
-    tensors_fp32: bool = False
-
-    @staticmethod
-    def mark(steps: list[int], step: int) -> None:
-        if not steps or steps[-1] != step:
-            steps.append(step)
-
-    @property
-    def classes(self) -> dict[str, dict[str, float]]:
-        return st.counts_to_classes(self.counts)
-
-    def add(self, s: st.TensorSummary) -> None:
-        self.dtypes.add(s.dtype)
-        if s.dtype not in LOW_PRECISION:
-            self.tensors_fp32 = True
-        a = s.absmax
-        if a != a:
-            self.absmax = math.nan
-        elif a > self.absmax:
-            self.absmax = a
-        if s.min_nonzero < self.min_nonzero:
-            self.min_nonzero = s.min_nonzero
-        self.elements += s.numel
-        self.counts = [x + y for x, y in zip(self.counts, s.counts)]
-
-    def merge(self, other: "ModuleAgg") -> None:
-        self.dtypes |= other.dtypes
-        self.tensors_fp32 |= other.tensors_fp32
-        self.calls += other.calls
-        self.absmax = math.nan if math.isnan(other.absmax) or math.isnan(self.absmax) else max(self.absmax,
-                                                                                                 other.absmax)
-        self.min_nonzero = min(self.min_nonzero, other.min_nonzero)
-        self.elements += other.elements
-        self.counts = [x + y for x, y in zip(self.counts, other.counts)]
-        for name in ("nonfinite_steps", "origin_steps", "overflow_steps", "exceed_steps"):
-            setattr(self, name, sorted(set(getattr(self, name)) | set(getattr(other, name))))
-
-
-@dataclass
-class ParamAgg:
-    """One parameter's gradients over the run (measured when the optimizer was about to use them)."""
-
-    key: int
-    dtypes: set[str] = field(default_factory=set)
-    steps: int = 0
-    absmax: float = 0.0
-    elements: float = 0.0
-    counts: list[float] = field(default_factory=lambda: [0.0] * st.NCOUNTS)
-    nonfinite_steps: list[int] = field(default_factory=list)
-    scaled: bool = False  # measured before GradScaler.unscale_ (the values are loss-scaled)
-
-    @property
-    def classes(self) -> dict[str, dict[str, float]]:
-        return st.counts_to_classes(self.counts)
-
-
-@dataclass
-class StepRecord:
-    """What the GradScaler did in one step."""
-
-    step: int
-    scale: float | None = None
-    new_scale: float | None = None
-    skipped: bool | None = None
-    first_bad_grad: int | None = None  # the module key of the step's backward origin
-    bad_params: list[int] = field(default_factory=list)
-    grads_nonfinite: bool = False  # any activation gradient was non-finite
-    fp16: bool = False  # some gradient of the step was float16: the loss scale can overflow it
-
-
-@dataclass
-class Origin:
-    """Where a non-finite value first appeared in one step."""
-
-    step: int
-    phase: str  # "forward", "loss", "backward" or "param"
-    key: int | None  # module key; None for the loss and for code outside any module
-    kind: str  # "overflow" or "nonfinite"
-    produced: str = "nan"  # "nan" or "inf"
-    also: list[int] = field(default_factory=list)  # modules that cannot be told apart from this one
-    seq: int = 0  # when it happened: origins are reported in this order
-    params: list[int] = field(default_factory=list)
-    node: dict | None = None  # the autograd node / aten op, when the replay could name it
-    dtype: str | None = None
-
-
-@dataclass
-class LossAgg:
-    steps: int = 0
-    absmax: float = 0.0
-    dtypes: set[str] = field(default_factory=set)
-    nonfinite_steps: list[int] = field(default_factory=list)
-    nonzero: bool = False
-    last: int | None = None  # the last step counted
-
-
-def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_subclasses(sub))
-    return out
-
-
-class _Patches:
-    """Wraps GradScaler.step/update/unscale_, torch.autograd.backward/grad and Optimizer.__init__
-    for the duration of the trace, and puts every original back in ``remove()``."""
-
-    def __init__(self, tracer: "Tracer") -> None:
-        self.tracer = tracer
-        self.originals: list[tuple[object, str, object]] = []
-        self.depth = 0
-
-    def _set(self, owner, name: str, value) -> None:
-        self.originals.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
-        setattr(owner, name, value)
-
-    def install(self) -> None:
-        base = torch.amp.GradScaler
-        for cls in [base] + sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}"):
-            own = vars(cls)
-            if "step" in own:
-                self._set(cls, "step", self._wrap_step(own["step"]))
-            if "update" in own:
-                self._set(cls, "update", self._wrap_update(own["update"]))
-            if "unscale_" in own:
-                self._set(cls, "unscale_", self._wrap_unscale(own["unscale_"]))
-            if "scale" in own:
-                self._set(cls, "scale", self._wrap_scale(own["scale"]))
-        self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
-        self._set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad))
-        self._set(torch.optim.Optimizer, "__init__", self._wrap_init(vars(torch.optim.Optimizer)["__init__"]))
-
-    def _wrap_step(self, orig):
-        tracer = self.tracer
-
-        def step(scaler, optimizer, *args, **kwargs):
-            tracer._in_scaler_step += 1
-            enabled = getattr(scaler, "_enabled", False)
-            tracer._in_enabled_scaler_step += enabled  # a disabled scaler calls optimizer.step() as is
-            try:
-                return orig(scaler, optimizer, *args, **kwargs)
-            finally:
-                tracer._in_scaler_step -= 1
-                tracer._in_enabled_scaler_step -= enabled
-        return step
-
-    def _wrap_unscale(self, orig):
-        tracer = self.tracer
-
-        def unscale_(scaler, optimizer):
-            if tracer._active:
-                tracer._guard(tracer._before_unscale, scaler, optimizer)
-            return orig(scaler, optimizer)
-        return unscale_
-
-    def _wrap_scale(self, orig):
-        tracer = self.tracer
-
-        def scale(scaler, outputs):
-            if tracer._active and getattr(scaler, "_enabled", False) and _current_node() is None:
-                tracer._guard(tracer._loss, outputs)  # the loss before it is scaled
-                out = orig(scaler, outputs)
-                tracer._guard(tracer._scaled_by_scaler, out)
-                return out
-            return orig(scaler, outputs)
-        return scale
-
-    def _wrap_update(self, orig):
-        tracer, patch = self.tracer, self
-
-        def update(scaler, *args, **kwargs):
-            if patch.depth or not tracer._active:  # a subclass calling super().update(): the outer call records
-                return orig(scaler, *args, **kwargs)
-            patch.depth += 1
-            try:
-                before = tracer._guard(tracer._scaler_before, scaler)
-                result = orig(scaler, *args, **kwargs)
-                if before is not None:
-                    tracer._guard(tracer._scaler_after, scaler, before)
-            finally:
-                patch.depth -= 1
-            tracer._end_step()
-            return result
-        return update
-
-    def _wrap_backward(self, orig):
-        tracer = self.tracer
-
-        def backward(*args, **kwargs):
-            top = tracer._active and _current_node() is None and not in_functorch_transform()
-            if top:  # the loss: torch.autograd.backward(tensors) or torch.autograd.grad(outputs, ...)
-                tracer._guard(tracer._loss, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
-            result = orig(*args, **kwargs)
-            if top and tracer._active and not tracer._is_training():
-                tracer._guard(tracer._after_backward)
-            return result
-        backward.__wrapped__ = orig
-        backward.__name__ = getattr(orig, "__name__", "backward")
-        backward.__doc__ = getattr(orig, "__doc__", None)
-        return backward
-
-    def _wrap_init(self, orig):
-        tracer = self.tracer
-
-        def __init__(optimizer, *args, **kwargs):
-            tracer._optimizer_made = True
-            return orig(optimizer, *args, **kwargs)
-        return __init__
-
-    def remove(self) -> None:
-        for owner, name, value in reversed(self.originals):
-            setattr(owner, name, value)
-        self.originals.clear()
-
-
 class Tracer:
     """Trace mixed-precision numerics of every ``nn.Module`` call inside the ``with`` block.
 
@@ -358,7 +127,7 @@ class Tracer:
         self.notes: dict[str, str] = {}
         self.namer = Namer()
         self.modules_ran = False
-        self._patches = _Patches(self)
+        self._patches = Patches(self)
         self._handles: list = []
         self._in_scaler_step = 0
         self._in_enabled_scaler_step = 0

@@ -1,0 +1,136 @@
+"""The functions the tracer wraps for the length of a trace: GradScaler.step/update/unscale_/scale,
+torch.autograd.backward/grad and Optimizer.__init__. Each wrapper calls the original and tells
+the tracer; ``remove()`` puts every original back."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ampdoctor.trace.tensors import in_functorch_transform
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ampdoctor.trace.tracer import Tracer
+
+_current_node = torch._C._current_autograd_node
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_subclasses(sub))
+    return out
+
+
+class Patches:
+    """Wraps GradScaler.step/update/unscale_, torch.autograd.backward/grad and Optimizer.__init__
+    for the duration of the trace, and puts every original back in ``remove()``."""
+
+    def __init__(self, tracer: "Tracer") -> None:
+        self.tracer = tracer
+        self.originals: list[tuple[object, str, object]] = []
+        self.depth = 0
+
+    def _set(self, owner, name: str, value) -> None:
+        self.originals.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def install(self) -> None:
+        base = torch.amp.GradScaler
+        for cls in [base] + sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}"):
+            own = vars(cls)
+            if "step" in own:
+                self._set(cls, "step", self._wrap_step(own["step"]))
+            if "update" in own:
+                self._set(cls, "update", self._wrap_update(own["update"]))
+            if "unscale_" in own:
+                self._set(cls, "unscale_", self._wrap_unscale(own["unscale_"]))
+            if "scale" in own:
+                self._set(cls, "scale", self._wrap_scale(own["scale"]))
+        self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self._set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad))
+        self._set(torch.optim.Optimizer, "__init__", self._wrap_init(vars(torch.optim.Optimizer)["__init__"]))
+
+    def _wrap_step(self, orig):
+        tracer = self.tracer
+
+        def step(scaler, optimizer, *args, **kwargs):
+            tracer._in_scaler_step += 1
+            enabled = getattr(scaler, "_enabled", False)
+            tracer._in_enabled_scaler_step += enabled  # a disabled scaler calls optimizer.step() as is
+            try:
+                return orig(scaler, optimizer, *args, **kwargs)
+            finally:
+                tracer._in_scaler_step -= 1
+                tracer._in_enabled_scaler_step -= enabled
+        return step
+
+    def _wrap_unscale(self, orig):
+        tracer = self.tracer
+
+        def unscale_(scaler, optimizer):
+            if tracer._active:
+                tracer._guard(tracer._before_unscale, scaler, optimizer)
+            return orig(scaler, optimizer)
+        return unscale_
+
+    def _wrap_scale(self, orig):
+        tracer = self.tracer
+
+        def scale(scaler, outputs):
+            if tracer._active and getattr(scaler, "_enabled", False) and _current_node() is None:
+                tracer._guard(tracer._loss, outputs)  # the loss before it is scaled
+                out = orig(scaler, outputs)
+                tracer._guard(tracer._scaled_by_scaler, out)
+                return out
+            return orig(scaler, outputs)
+        return scale
+
+    def _wrap_update(self, orig):
+        tracer, patch = self.tracer, self
+
+        def update(scaler, *args, **kwargs):
+            if patch.depth or not tracer._active:  # a subclass calling super().update(): the outer call records
+                return orig(scaler, *args, **kwargs)
+            patch.depth += 1
+            try:
+                before = tracer._guard(tracer._scaler_before, scaler)
+                result = orig(scaler, *args, **kwargs)
+                if before is not None:
+                    tracer._guard(tracer._scaler_after, scaler, before)
+            finally:
+                patch.depth -= 1
+            tracer._end_step()
+            return result
+        return update
+
+    def _wrap_backward(self, orig):
+        tracer = self.tracer
+
+        def backward(*args, **kwargs):
+            top = tracer._active and _current_node() is None and not in_functorch_transform()
+            if top:  # the loss: torch.autograd.backward(tensors) or torch.autograd.grad(outputs, ...)
+                tracer._guard(tracer._loss, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
+            result = orig(*args, **kwargs)
+            if top and tracer._active and not tracer._is_training():
+                tracer._guard(tracer._after_backward)
+            return result
+        backward.__wrapped__ = orig
+        backward.__name__ = getattr(orig, "__name__", "backward")
+        backward.__doc__ = getattr(orig, "__doc__", None)
+        return backward
+
+    def _wrap_init(self, orig):
+        tracer = self.tracer
+
+        def __init__(optimizer, *args, **kwargs):
+            tracer._optimizer_made = True
+            return orig(optimizer, *args, **kwargs)
+        return __init__
+
+    def remove(self) -> None:
+        for owner, name, value in reversed(self.originals):
+            setattr(owner, name, value)
+        self.originals.clear()

@@ -1,0 +1,123 @@
+"""What the tracer keeps over a run: per-module and per-parameter aggregates, the GradScaler's
+steps, where NaN/Inf started, and the loss."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ampdoctor.trace import stats as st
+from ampdoctor.trace.formats import LOW_PRECISION
+
+
+@dataclass
+class ModuleAgg:
+    """Everything seen for one (module, phase) over the run."""
+
+    key: int
+    cls: str
+    phase: str
+    dtypes: set[str] = field(default_factory=set)
+    calls: int = 0
+    absmax: float = 0.0
+    min_nonzero: float = math.inf
+    elements: float = 0.0
+    counts: list[float] = field(default_factory=lambda: [0.0] * st.NCOUNTS)
+    nonfinite_steps: list[int] = field(default_factory=list)
+    origin_steps: list[int] = field(default_factory=list)  # finite in, non-finite out
+    overflow_steps: list[int] = field(default_factory=list)  # low-precision outputs overflowed to inf
+    exceed_steps: list[int] = field(default_factory=list)  # outputs past fp16's range from inputs within it
+    tensors_fp32: bool = False
+
+    @staticmethod
+    def mark(steps: list[int], step: int) -> None:
+        if not steps or steps[-1] != step:
+            steps.append(step)
+
+    @property
+    def classes(self) -> dict[str, dict[str, float]]:
+        return st.counts_to_classes(self.counts)
+
+    def add(self, s: st.TensorSummary) -> None:
+        self.dtypes.add(s.dtype)
+        if s.dtype not in LOW_PRECISION:
+            self.tensors_fp32 = True
+        a = s.absmax
+        if a != a:
+            self.absmax = math.nan
+        elif a > self.absmax:
+            self.absmax = a
+        if s.min_nonzero < self.min_nonzero:
+            self.min_nonzero = s.min_nonzero
+        self.elements += s.numel
+        self.counts = [x + y for x, y in zip(self.counts, s.counts)]
+
+    def merge(self, other: "ModuleAgg") -> None:
+        self.dtypes |= other.dtypes
+        self.tensors_fp32 |= other.tensors_fp32
+        self.calls += other.calls
+        self.absmax = math.nan if math.isnan(other.absmax) or math.isnan(self.absmax) else max(self.absmax,
+                                                                                                 other.absmax)
+        self.min_nonzero = min(self.min_nonzero, other.min_nonzero)
+        self.elements += other.elements
+        self.counts = [x + y for x, y in zip(self.counts, other.counts)]
+        for name in ("nonfinite_steps", "origin_steps", "overflow_steps", "exceed_steps"):
+            setattr(self, name, sorted(set(getattr(self, name)) | set(getattr(other, name))))
+
+
+@dataclass
+class ParamAgg:
+    """One parameter's gradients over the run (measured when the optimizer was about to use them)."""
+
+    key: int
+    dtypes: set[str] = field(default_factory=set)
+    steps: int = 0
+    absmax: float = 0.0
+    elements: float = 0.0
+    counts: list[float] = field(default_factory=lambda: [0.0] * st.NCOUNTS)
+    nonfinite_steps: list[int] = field(default_factory=list)
+    scaled: bool = False  # measured before GradScaler.unscale_ (the values are loss-scaled)
+
+    @property
+    def classes(self) -> dict[str, dict[str, float]]:
+        return st.counts_to_classes(self.counts)
+
+
+@dataclass
+class StepRecord:
+    """What the GradScaler did in one step."""
+
+    step: int
+    scale: float | None = None
+    new_scale: float | None = None
+    skipped: bool | None = None
+    first_bad_grad: int | None = None  # the module key of the step's backward origin
+    bad_params: list[int] = field(default_factory=list)
+    grads_nonfinite: bool = False  # any activation gradient was non-finite
+    fp16: bool = False  # some gradient of the step was float16: the loss scale can overflow it
+
+
+@dataclass
+class Origin:
+    """Where a non-finite value first appeared in one step."""
+
+    step: int
+    phase: str  # "forward", "loss", "backward" or "param"
+    key: int | None  # module key; None for the loss and for code outside any module
+    kind: str  # "overflow" or "nonfinite"
+    produced: str = "nan"  # "nan" or "inf"
+    also: list[int] = field(default_factory=list)  # modules that cannot be told apart from this one
+    seq: int = 0  # when it happened: origins are reported in this order
+    params: list[int] = field(default_factory=list)
+    node: dict | None = None  # the autograd node / aten op, when the replay could name it
+    dtype: str | None = None
+
+
+@dataclass
+class LossAgg:
+    steps: int = 0
+    absmax: float = 0.0
+    dtypes: set[str] = field(default_factory=set)
+    nonfinite_steps: list[int] = field(default_factory=list)
+    nonzero: bool = False
+    last: int | None = None  # the last step counted
