@@ -178,20 +178,10 @@ def main() -> None:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
 
-        class HFContext:
-            """DebugUnderflowOverflow for the length of a block (HF keeps its hooks forever)."""
-
-            def __enter__(self):
-                self.dbg = DebugUnderflowOverflow(model, max_frames_to_save=21)
-
-            def __exit__(self, *exc):
-                for m in model.modules():
-                    m._forward_hooks.clear()
-
         configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer,
                    "torch detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True)}
         if DebugUnderflowOverflow is not None:
-            configs["HF DebugUnderflowOverflow"] = HFContext
+            configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
 
         def block(make, n, counter=None):
             """Per-step times of n steps inside one context (its set-up and tear-down not timed)."""
@@ -244,6 +234,20 @@ def main() -> None:
         bench_env.write_results(f"trace-{args.device}", "\n".join(lines))
 
 
+class HFContext:
+    """DebugUnderflowOverflow for the length of a block (HF keeps its hooks forever)."""
+
+    def __init__(self, model, debugger) -> None:
+        self.model, self.debugger = model, debugger
+
+    def __enter__(self):
+        self.dbg = self.debugger(self.model, max_frames_to_save=21)
+
+    def __exit__(self, *exc):
+        for m in self.model.modules():
+            m._forward_hooks.clear()
+
+
 def bf16_is_fast(dev) -> bool:
     """Whether bf16 matmuls run at a useful speed here (CPUs without native bf16 emulate it)."""
     a = torch.randn(256, 256, device=dev)
@@ -269,17 +273,9 @@ def evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, 
                                              enabled=amp_dtype is not None):
             return model(idx)
 
-    class HFContext:
-        def __enter__(self):
-            self.dbg = DebugUnderflowOverflow(model, max_frames_to_save=21)
-
-        def __exit__(self, *exc):
-            for m in model.modules():
-                m._forward_hooks.clear()
-
     configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer}
     if DebugUnderflowOverflow is not None:
-        configs["HF DebugUnderflowOverflow"] = HFContext
+        configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
     times = {k: [] for k in configs}
     for rep in range(args.warmup + args.reps):
         order = list(configs)

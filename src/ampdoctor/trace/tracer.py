@@ -246,16 +246,7 @@ class Tracer:
         if recompute:
             return
         self.modules_ran = self._dirty = True
-        measure = self._measure
-        gin = None
-        for t in tensors_in(args):
-            gid = measure(t)
-            if gid is not None:
-                call.ins.append(gid)
-                if t.grad_fn is not None:
-                    if gin is None:
-                        gin = call.gin = []
-                    gin.append((t, gid))
+        call.gin = self._measure_inputs(call, args, None)
         if self._replayer is not None:
             self._replayer.before(call, module, args)
 
@@ -280,18 +271,25 @@ class Tracer:
             self._note_error(exc, f"the forward hook of {type(module).__name__}")
         return None
 
+    def _measure_inputs(self, call: _Call, inputs, gin: list | None) -> list | None:
+        """Measure a call's inputs; returns ``gin`` with the (tensor, id) of those with a grad_fn
+        appended (a new list when there is one to add)."""
+        measure = self._measure
+        for t in tensors_in(inputs):
+            gid = measure(t)
+            if gid is not None:
+                call.ins.append(gid)
+                if t.grad_fn is not None:
+                    if gin is None:
+                        gin = []
+                    gin.append((t, gid))
+        return gin
+
     def _leave_call(self, call: _Call, module, args, kwargs, output) -> None:
         measure = self._measure
         gin, call.gin = call.gin, None
         if kwargs:
-            for t in tensors_in(kwargs):
-                gid = measure(t)
-                if gid is not None:
-                    call.ins.append(gid)
-                    if t.grad_fn is not None:
-                        if gin is None:
-                            gin = []
-                        gin.append((t, gid))
+            gin = self._measure_inputs(call, kwargs, gin)
         grad_on = self.grads and torch.is_grad_enabled()
         wants_grad = False
         hook = self._hook
