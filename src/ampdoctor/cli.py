@@ -375,8 +375,11 @@ def rule(code: str) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--target", type=click.Choice(["float16", "bfloat16"]),
               help="Format to judge values against (default: the low-precision dtype seen, else float16).")
-@click.option("--max-steps", type=click.IntRange(min=1), help="Stop the script cleanly after N optimizer steps.")
-@click.option("--ops", is_flag=True, help="Replay the first bad module to name the aten op (slower: syncs).")
+@click.option("--max-steps", type=click.IntRange(min=1),
+              help="Stop the script cleanly after N steps (optimizer steps when it makes an optimizer, "
+              "else loop iterations).")
+@click.option("--ops", is_flag=True, help="Replay the first bad module call to name the aten op or autograd node "
+              "(slower: syncs, and keeps each call's inputs until the step ends).")
 @click.option("--no-grads", is_flag=True, help="Do not collect gradient statistics.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to this file.")
