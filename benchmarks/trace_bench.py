@@ -131,6 +131,8 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=5, help="steps per block inside one context")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
+    ap.add_argument("--compute-reps", type=int, default=0,
+                    help="blocks for the compute-bound model (default: --reps); a slow CPU wants fewer")
     ap.add_argument("--amp", choices=["auto", "fp16", "bf16", "off"], default="auto",
                     help="autocast dtype (auto: fp16 on CUDA; bf16 on a CPU with fast bf16 matmuls, else off)")
     args = ap.parse_args()
@@ -202,7 +204,8 @@ def main() -> None:
         times = {k: [] for k in configs}
         import warnings
         warnings.filterwarnings("ignore")
-        for rep in range(args.warmup + args.reps):
+        reps = args.compute_reps if label.startswith("compute") and args.compute_reps else args.reps
+        for rep in range(args.warmup + reps):
             order = list(configs)
             order = order[rep % len(order):] + order[: rep % len(order)]
             for name in order:
@@ -219,8 +222,8 @@ def main() -> None:
         nodes = backward_nodes(nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1)))
         syncs["torch detect_anomaly"] = f"{nodes} backward-node checks (C++)"
         base = statistics.median(times["untraced"])
-        lines += [f"### {label}", "", "| configuration | median step | ratio to untraced | host syncs per step |",
-                  "|---|---|---|---|"]
+        lines += [f"### {label}", ""] + ([f"{reps} blocks of each configuration.", ""] if reps != args.reps else []) + [
+            "| configuration | median step | ratio to untraced | host syncs per step |", "|---|---|---|---|"]
         for name in configs:
             med = statistics.median(times[name])
             lines.append(f"| {name} | {med * 1000:.1f} ms | {med / base:.2f}x | {syncs[name]} |")
