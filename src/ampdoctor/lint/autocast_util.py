@@ -12,70 +12,12 @@ from ampdoctor.lint import tree as _tree
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names
 from ampdoctor.lint.rule import Context
+from ampdoctor.lint.semantic import vocabulary as voc
 
 # torch.autocast(device_type, dtype, enabled, cache_enabled) and the device-specific
 # torch.cuda.amp.autocast(enabled, dtype, cache_enabled): where cache_enabled sits
 _CACHE_POS_GENERIC = 3
 _CACHE_POS_DEVICE = 2
-
-
-class Region:
-    """An autocast region around the current node and the node that opens it
-    (a ``With`` or a decorated ``FunctionDef``)."""
-
-    __slots__ = ("ac", "node")
-
-    def __init__(self, ac: h.Autocast, node: cst.CSTNode) -> None:
-        self.ac = ac
-        self.node = node
-
-    @property
-    def body(self) -> cst.CSTNode:
-        return self.node.body  # type: ignore[attr-defined]
-
-
-def regions(ctx: Context) -> list[Region]:
-    """Autocast regions around the current node, innermost first, that really run around it.
-
-    Unlike ``helpers.enclosing_autocasts`` this stops at the enclosing def/lambda/class: the
-    body of a function defined inside ``with autocast():`` does not run in that block. The
-    decorators of the innermost enclosing function still count.
-    """
-    out: list[Region] = []
-    stack = ctx.parents
-    for i in range(len(stack) - 2, -1, -1):
-        p = stack[i]
-        if isinstance(p, cst.With) and stack[i + 1] is p.body:
-            for item in p.items:
-                ac = h.autocast_call(ctx.names, item.item)
-                if ac is not None:
-                    out.append(Region(ac, p))
-        elif isinstance(p, cst.FunctionDef):
-            for d in p.decorators:
-                ac = h.autocast_call(ctx.names, d.decorator)
-                if ac is not None:
-                    out.append(Region(ac, p))
-            break
-        elif isinstance(p, (cst.Lambda, cst.ClassDef)):
-            break
-    return out
-
-
-def active_region(ctx: Context) -> Region | None:
-    """The innermost autocast region around the current node when it is (or may be) enabled."""
-    rs = regions(ctx)
-    if rs and rs[0].ac.enabled is not False:
-        return rs[0]
-    return None
-
-
-def cache_enabled(ac: h.Autocast) -> bool | None:
-    """The literal ``cache_enabled`` of an autocast call (None when absent or not a literal)."""
-    pos = _CACHE_POS_GENERIC if ac.qualified in h.AUTOCAST_GENERIC else _CACHE_POS_DEVICE
-    v = h.arg(ac.call, pos, "cache_enabled")
-    if isinstance(v, cst.Name) and v.value in ("True", "False"):
-        return v.value == "True"
-    return None
 
 
 def code(node: cst.CSTNode) -> str:
@@ -114,12 +56,6 @@ def order(root: cst.CSTNode) -> dict[int, tuple[int, int]]:
 
     visit(root)
     return out
-
-
-def words(text: str) -> list[str]:
-    """``safe_bf16_supported`` -> ["safe", "bf16", "supported"]; camelCase is split too."""
-    text = re.sub(r"([a-z])([A-Z])", r"\1_\2", text)
-    return [w for w in re.split(r"[^0-9a-zA-Z]+", text.lower()) if w]
 
 
 def torch_local(names: Names) -> tuple[str, tuple[str, ...]]:
@@ -165,14 +101,10 @@ def in_fallback(ctx: Context, uses_new_api) -> bool:
     return False
 
 
-PRECISION_WORDS = frozenset({"bf16", "bfloat16", "bfloat", "fp16", "float16", "half", "amp", "autocast",
-                             "precision", "dtype", "tf32", "mixed", "fp32", "float32", "gradscaler", "scaler"})
-
-
 def mentions_precision(node: cst.CSTNode, extra: frozenset[str] = frozenset()) -> bool:
     """Whether an identifier in ``node`` names a precision setting (``use_bf16``, ``amp_dtype``...)."""
     for n in [node, *h.walk(node, enter_scopes=True)]:
-        if isinstance(n, cst.Name) and (PRECISION_WORDS | extra).intersection(words(n.value)):
+        if isinstance(n, cst.Name) and (voc.PRECISION_WORDS | extra).intersection(voc.words(n.value)):
             return True
     return False
 

@@ -12,7 +12,6 @@ from ampdoctor.lint.rule import Context
 
 LOOPS = (cst.For, cst.While)
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-GRAD_SCALERS = ("GradScaler", "ShardedGradScaler")
 
 
 def walk(node: cst.CSTNode, *, enter_scopes: bool = False) -> Iterator[cst.CSTNode]:
@@ -56,19 +55,6 @@ def method_call(node: cst.CSTNode, *methods: str) -> tuple[cst.BaseExpression, s
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods:
         return node.func.value, node.func.attr.value
     return None
-
-
-def is_grad_scaler_name(qualified: str | None) -> bool:
-    return bool(qualified) and qualified.rsplit(".", 1)[-1] in GRAD_SCALERS  # type: ignore[union-attr]
-
-
-def is_scaler(names: Names, expr: cst.BaseExpression) -> bool:
-    """Whether ``expr`` (a receiver) holds a GradScaler: it was assigned from one in this
-    file, or it is a plain name/attribute whose last part is called ``*scaler*``."""
-    if is_grad_scaler_name(names.made_by(expr)):
-        return True
-    d = dotted_name(expr)
-    return d is not None and "scaler" in d.rsplit(".", 1)[-1].lower()
 
 
 def branch_path(ctx: Context) -> tuple[tuple[int, str], ...]:
@@ -195,104 +181,6 @@ def arg(call: cst.Call, position: int | None, keyword: str | None) -> cst.BaseEx
 
 def has_star_args(call: cst.Call) -> bool:
     return any(a.star for a in call.args)
-
-
-# -- autocast ---------------------------------------------------------------------------
-
-AUTOCAST_GENERIC = {"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"}
-AUTOCAST_CUDA = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast", "torch.cuda.autocast"}
-AUTOCAST_CPU = {"torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast", "torch.cpu.autocast"}
-AUTOCAST_ALL = AUTOCAST_GENERIC | AUTOCAST_CUDA | AUTOCAST_CPU
-
-
-class Autocast:
-    """What is statically known about one ``autocast(...)`` call."""
-
-    __slots__ = ("call", "qualified", "device", "dtype", "dtype_expr", "enabled")
-
-    def __init__(self, call, qualified, device, dtype, dtype_expr, enabled) -> None:
-        self.call = call
-        self.qualified = qualified
-        self.device: str | None = device  # "cuda", "cpu", ... or None when not a literal
-        self.dtype: str | None = dtype  # "float16"/"bfloat16"/... explicit, or None
-        self.dtype_expr = dtype_expr  # the dtype argument expression, None when absent
-        self.enabled: bool | None = enabled  # False for a literal False, None when unknown
-
-    @property
-    def effective_dtype(self) -> str | None:
-        """The dtype the block computes in, when known: explicit, else the device default."""
-        if self.dtype_expr is not None:
-            return self.dtype
-        if self.device == "cuda":
-            return "float16"
-        if self.device == "cpu":
-            return "bfloat16"
-        return None
-
-
-def _bool_value(node) -> bool | None:
-    if isinstance(node, cst.Name) and node.value in ("True", "False"):
-        return node.value == "True"
-    return None
-
-
-def autocast_call(names: Names, call: cst.CSTNode) -> Autocast | None:
-    """Describe an autocast call (also through ``functools.partial`` aliases), else None."""
-    if not isinstance(call, cst.Call):
-        return None
-    q = names.qualified(call.func)
-    if q not in AUTOCAST_ALL:
-        return None
-    args = list(call.args)
-    if isinstance(call.func, cst.Name) and call.func.value in names.partials:
-        args = list(names.partials[call.func.value].args[1:]) + args
-    merged = call.with_changes(args=args) if args is not call.args else call
-    if q in AUTOCAST_GENERIC:
-        dev_expr = arg(merged, 0, "device_type")
-        device = string_value(dev_expr)
-        if device is not None:
-            device = device.split(":", 1)[0]
-        dtype_expr = arg(merged, 1, "dtype")
-        enabled_expr = arg(merged, 2, "enabled")
-    else:
-        device = "cuda" if q in AUTOCAST_CUDA else "cpu"
-        enabled_expr = arg(merged, 0, "enabled")
-        dtype_expr = arg(merged, 1, "dtype")
-    dtype = dtype_of(names, dtype_expr)
-    enabled = _bool_value(enabled_expr) if enabled_expr is not None else True
-    if enabled_expr is not None and enabled is None:
-        enabled = None
-    return Autocast(call, q, device, dtype, dtype_expr, enabled)
-
-
-def enclosing_autocasts(ctx: Context) -> list[Autocast]:
-    """Autocast regions around the current node, innermost first: ``with autocast(...)``
-    blocks and ``@autocast(...)`` decorators of enclosing functions (within the file)."""
-    out: list[Autocast] = []
-    stack = ctx.parents
-    for i in range(len(stack) - 2, -1, -1):
-        p = stack[i]
-        if isinstance(p, cst.With) and stack[i + 1] is p.body:
-            for item in p.items:
-                ac = autocast_call(ctx.names, item.item)
-                if ac is not None:
-                    out.append(ac)
-        elif isinstance(p, cst.FunctionDef):
-            for d in p.decorators:
-                ac = autocast_call(ctx.names, d.decorator)
-                if ac is not None:
-                    out.append(ac)
-            break  # a def body runs when called, not where it is written
-        elif isinstance(p, (cst.ClassDef, cst.Lambda)):
-            break
-    return out
-
-
-def in_autocast(ctx: Context) -> Autocast | None:
-    """The innermost autocast region around the current node that is (or may be) enabled."""
-    for ac in enclosing_autocasts(ctx):
-        return ac if ac.enabled is not False else None
-    return None
 
 
 # -- compatibility shims ------------------------------------------------------------------

@@ -16,6 +16,8 @@ import libcst as cst
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import tree
 from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic import vocabulary as voc
 
 FP16_MAX = 65504.0
 
@@ -205,9 +207,9 @@ def fp16_evidence(names: Names, module: cst.Module) -> cst.CSTNode | None:
             if h.method_call(n, "half") and not n.args:
                 return n
             q = names.qualified(n.func)
-            if h.is_grad_scaler_name(q):
+            if voc.is_grad_scaler_name(q):
                 return n
-            ac = h.autocast_call(names, n)
+            ac = acs.autocast_call(names, n)
             if ac is not None and ac.enabled is not False:
                 if ac.dtype == "float16" or (ac.dtype_expr is None and ac.device in ("cuda", None)):
                     return n

@@ -35,7 +35,7 @@ def _module_name(node: cst.BaseExpression | None) -> str:
 class Names:
     """Alias table: local name -> fully qualified name."""
 
-    __slots__ = ("aliases", "assigned", "partials", "module_level_imports")
+    __slots__ = ("aliases", "assigned", "partials", "module_level_imports", "dotted_aliases")
 
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
@@ -45,6 +45,8 @@ class Names:
         self.partials: dict[str, cst.Call] = {}
         # top-level "import torch" style bindings: local name -> module
         self.module_level_imports: dict[str, str] = {}
+        # whether some alias key is dotted (``self.autocast``): only then are chains looked up whole
+        self.dotted_aliases = False
 
     # -- filling ---------------------------------------------------------------
     def add_import(self, node: cst.Import, top_level: bool) -> None:
@@ -78,34 +80,45 @@ class Names:
         if not isinstance(value, cst.Call):
             # `ac = torch.autocast` style re-binding of a callable
             q = self.qualified(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+            imported = q is not None and self._imported_base(value)
             for t in targets:
                 d = dotted_name(t)
                 if d is None:
                     continue
                 self.assigned.pop(d, None)
-                if isinstance(t, cst.Name):
-                    if q is not None and q != d and "." in q:
-                        self.aliases[t.value] = q
-                    else:  # rebound to something else: the old alias no longer holds
-                        self.aliases.pop(t.value, None)
-                        self.partials.pop(t.value, None)
+                if q is not None and q != d and "." in q and (isinstance(t, cst.Name) or imported):
+                    # `ac = torch.cuda.amp.autocast`, `self.ac = amp.autocast` (not `self.m = model.module`)
+                    self.aliases[d] = q
+                    self.dotted_aliases = self.dotted_aliases or "." in d
+                    if q in self.partials:
+                        self.partials[d] = self.partials[q]
+                    else:
+                        self.partials.pop(d, None)
+                else:  # rebound to something else: the old alias no longer holds
+                    self.aliases.pop(d, None)
+                    self.partials.pop(d, None)
             return
         callee = self.qualified(value.func)
         for t in targets:
             d = dotted_name(t)
             if d is None:
                 continue
-            if isinstance(t, cst.Name):
-                self.aliases.pop(t.value, None)
-                self.partials.pop(t.value, None)
+            self.aliases.pop(d, None)
+            self.partials.pop(d, None)
             if callee in _PARTIALS and value.args:
                 inner = self.qualified(value.args[0].value)
-                if inner and isinstance(t, cst.Name):
-                    self.aliases[t.value] = inner
-                    self.partials[t.value] = value
+                if inner:  # `ac = partial(torch.autocast, "cuda")`, `self.ac = partial(...)`
+                    self.aliases[d] = inner
+                    self.partials[d] = value
+                    self.dotted_aliases = self.dotted_aliases or "." in d
                     continue
             if callee is not None:
                 self.assigned[d] = callee
+
+    def _imported_base(self, node: cst.CSTNode) -> bool:
+        while isinstance(node, cst.Attribute):
+            node = node.value
+        return isinstance(node, cst.Name) and node.value in self.aliases and "." not in node.value
 
     # -- queries ----------------------------------------------------------------
     def qualified(self, node: cst.CSTNode | None) -> str | None:
@@ -119,6 +132,10 @@ class Names:
             node = node.value
         if not isinstance(node, cst.Name):
             return None
+        if parts and self.dotted_aliases:
+            full = node.value + "." + ".".join(reversed(parts))
+            if full in self.aliases:  # `self.amp_autocast` bound to an alias
+                return self.aliases[full]
         base = self.aliases.get(node.value, node.value)
         if parts:
             return base + "." + ".".join(reversed(parts))

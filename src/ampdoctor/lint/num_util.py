@@ -16,6 +16,7 @@ from ampdoctor.lint import tree as _tree
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
 from ampdoctor.lint.rule import Context, Rule
+from ampdoctor.lint.semantic import vocabulary as voc
 
 # The smallest positive float16 value (a subnormal). Anything below it is 0 (or that one
 # subnormal) in float16: `torch.tensor(1e-8, dtype=torch.float16) == 0`.
@@ -524,7 +525,7 @@ class Fp16ModelTracker:
         q = names.qualified(node.func)
         if q is not None:
             last = q.rsplit(".", 1)[-1]
-            if last in h.GRAD_SCALERS:
+            if last in voc.GRAD_SCALERS:
                 self.scaler = True
             if q in ("apex.amp.initialize", "amp.initialize") or q.startswith("deepspeed.initialize"):
                 self.master_weights = True

@@ -51,6 +51,8 @@ class Context:
     reports: list[Report] = field(default_factory=list)
     # number of enclosing def/class/lambda scopes of the node being visited
     scope_depth: int = 0
+    # semantic.facts.FileFacts, built on first use by semantic.facts.facts_of
+    facts: object = None
 
     def ancestors(self, skip_self: bool = True):
         """Ancestors from the innermost outwards (the current node excluded by default)."""

@@ -29,6 +29,7 @@ import libcst as cst
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import vocabulary as voc
 
 _CODE = cst.Module([])
 
@@ -54,7 +55,6 @@ _ACCUM_WORDS = ("accum", "sync_grad", "should_step", "do_step", "step_now", "sho
                 "is_update_step", "update_step", "optimizer_step", "optim_step")
 _WRAPPER_WORDS = ("accelerator", "engine", "fabric", "trainer", "strategy", "precision", "plugin", "wrapper",
                   "deepspeed", "manager", "self")
-_OPT_RE = re.compile(r"(.*_)?opts?(_.*|\d+|[a-z])?")
 
 
 def code_of(node: cst.CSTNode) -> str:
@@ -202,24 +202,6 @@ def reaches(a: Event, b: Event) -> bool:
 
 # -- receivers ---------------------------------------------------------------------------
 
-def is_optimizer(names, expr: cst.BaseExpression) -> bool:
-    """A receiver that is an optimizer (``opt``, ``self.optimizer``, ``optimizers[0]``, ``opt_g``)."""
-    if isinstance(expr, cst.Subscript):
-        expr = expr.value
-    if h.is_scaler(names, expr):
-        return False
-    made = names.made_by(expr) or ""
-    if made.startswith("torch.optim.") and "lr_scheduler" not in made:
-        return True
-    d = dotted_name(expr)
-    if d is None:
-        return False
-    last = d.rsplit(".", 1)[-1].lower()
-    if any(w in last for w in ("sched", "scaler", "lr", "wrapper", "swa", "ema")):
-        return False
-    return "optim" in last or bool(_OPT_RE.fullmatch(last))
-
-
 def _wrapper_receiver(expr: cst.BaseExpression) -> bool:
     d = dotted_name(expr)
     if d is None:
@@ -334,7 +316,7 @@ class ScalerFlow(Rule):
         for n in [expr, *h.walk(expr, enter_scopes=True)]:
             if isinstance(n, cst.Call):
                 mc = h.method_call(n, "scale")
-                if mc is not None and h.is_scaler(self.ctx.names, mc[0]):
+                if mc is not None and voc.is_scaler(self.ctx.names, mc[0]):
                     return dotted_name(mc[0]) or "?"
                 fname = n.func.attr.value if isinstance(n.func, cst.Attribute) else \
                     n.func.value if isinstance(n.func, cst.Name) else ""
@@ -350,7 +332,7 @@ class ScalerFlow(Rule):
         return generic
 
     def _bind(self, targets, value) -> None:
-        if isinstance(value, cst.Call) and h.is_grad_scaler_name(self.ctx.names.qualified(value.func)):
+        if isinstance(value, cst.Call) and voc.is_grad_scaler_name(self.ctx.names.qualified(value.func)):
             enabled = h.arg(value, None, "enabled")
             if isinstance(enabled, cst.Name) and enabled.value == "False":
                 region = self._region_id()
@@ -389,7 +371,7 @@ class ScalerFlow(Rule):
             if meth == "backward":
                 self._backward(node, recv)
                 return
-            if meth in ("step", "unscale_", "update") and h.is_scaler(names, recv):
+            if meth in ("step", "unscale_", "update") and voc.is_scaler(names, recv):
                 scaler = dotted_name(recv)
                 if scaler is None:
                     return
@@ -398,7 +380,7 @@ class ScalerFlow(Rule):
                 elif node.args and not node.args[0].star:
                     self._add("step" if meth == "step" else "unscale", node, scaler, code_of(node.args[0].value))
                 return
-            if meth == "step" and is_optimizer(names, recv):
+            if meth == "step" and voc.is_optimizer(names, recv):
                 self._add("plain_step", node, None, code_of(recv))
                 return
             if meth == "zero_grad":

@@ -4,7 +4,6 @@ AMP302). Rules never import each other; they share this module and ``helpers``."
 from __future__ import annotations
 
 import re
-from typing import Iterator
 
 import libcst as cst
 from ampdoctor.lint import tree as _tree
@@ -12,6 +11,7 @@ from ampdoctor.lint import tree as _tree
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
 from ampdoctor.lint.rule import Context
+from ampdoctor.lint.semantic import vocabulary as voc
 
 _EMPTY = cst.Module([])
 
@@ -25,7 +25,6 @@ _ENABLED_POSITION = {
 }
 
 # words in a condition that make a branch "about precision"
-PRECISION_WORDS = ("16", "half", "dtype", "precision", "bf", "fp", "float", "scal", "amp_mode")
 
 
 def code(node: cst.CSTNode) -> str:
@@ -38,7 +37,7 @@ def short(node: cst.CSTNode, limit: int = 60) -> str:
 
 
 def is_grad_scaler_ctor(names: Names, node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Call) and h.is_grad_scaler_name(names.qualified(node.func))
+    return isinstance(node, cst.Call) and voc.is_grad_scaler_name(names.qualified(node.func))
 
 
 def scaler_enabled(names: Names, call: cst.Call) -> cst.BaseExpression | None:
@@ -207,28 +206,6 @@ def fp16_only_rewrite(names: Names, expr: cst.BaseExpression) -> cst.BaseExpress
 
 # -- scopes and autocast regions ---------------------------------------------------------
 
-def own_autocasts(ctx: Context) -> Iterator[tuple[h.Autocast, cst.CSTNode]]:
-    """Autocast regions around the current node that run when it runs, innermost first:
-    ``with`` blocks of the same function and the decorators of that function. A def nested
-    in a ``with autocast`` body does not run inside it. Yields (autocast, With or FunctionDef)."""
-    stack = ctx.parents
-    for i in range(len(stack) - 2, -1, -1):
-        p = stack[i]
-        if isinstance(p, cst.With) and stack[i + 1] is p.body:
-            for item in p.items:
-                ac = h.autocast_call(ctx.names, item.item)
-                if ac is not None:
-                    yield ac, p
-        elif isinstance(p, cst.FunctionDef):
-            for d in p.decorators:
-                ac = h.autocast_call(ctx.names, d.decorator)
-                if ac is not None:
-                    yield ac, p
-            return
-        elif isinstance(p, (cst.ClassDef, cst.Lambda)):
-            return
-
-
 def assigned_to(ctx: Context) -> str | None:
     """``NAME`` when the current call is assigned to it, maybe as one branch of a conditional
     expression (``ctx = nullcontext() if cpu else torch.autocast("cuda")``)."""
@@ -249,7 +226,7 @@ def top_level_statement(ctx: Context) -> cst.CSTNode | None:
     return None
 
 
-def in_precision_branch(ctx: Context, words=PRECISION_WORDS) -> bool:
+def in_precision_branch(ctx: Context, words=voc.PRECISION_SUBSTRINGS) -> bool:
     """Inside an if/else or conditional expression whose test is about the precision."""
     stack = ctx.parents
     for i in range(len(stack) - 2, -1, -1):
@@ -263,7 +240,7 @@ def in_precision_branch(ctx: Context, words=PRECISION_WORDS) -> bool:
     return False
 
 
-def test_mentions(names: Names, test: cst.CSTNode, words=PRECISION_WORDS) -> bool:
+def test_mentions(names: Names, test: cst.CSTNode, words=voc.PRECISION_SUBSTRINGS) -> bool:
     if h.mentions_dtype(names, test, "float16") or h.mentions_dtype(names, test, "bfloat16"):
         return True
     pieces = list(h.names_in(test))
@@ -272,19 +249,6 @@ def test_mentions(names: Names, test: cst.CSTNode, words=PRECISION_WORDS) -> boo
         if s is not None:
             pieces.append(s.lower())
     return any(w in p for p in pieces for w in words)
-
-
-def is_optimizer(names: Names, expr: cst.CSTNode) -> bool:
-    """An expression that names an optimizer: ``optimizer``, ``self.optim_g``, or a name
-    assigned from ``torch.optim.*``."""
-    made = names.made_by(expr)
-    if made and made.startswith("torch.optim.") and "lr_scheduler" not in made:
-        return True
-    d = dotted_name(expr)
-    if d is None:
-        return False
-    last = d.rsplit(".", 1)[-1].lower()
-    return "optim" in last or last in ("opt", "opt_g", "opt_d", "g_opt", "d_opt")
 
 
 def bound_names(node: cst.CSTNode) -> set[str]:

@@ -8,6 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.semantic import vocabulary as voc
 
 
 @dataclass
@@ -48,7 +49,7 @@ class StepWithoutUpdate(Rule):
         if mc is None:
             return
         recv, meth = mc
-        if not h.is_scaler(self.ctx.names, recv):
+        if not voc.is_scaler(self.ctx.names, recv):
             return
         scaler = dotted_name(recv)
         if scaler is None:

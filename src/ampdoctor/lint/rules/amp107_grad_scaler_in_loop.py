@@ -8,6 +8,7 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.semantic import vocabulary as voc
 
 _SCALER_METHODS = ("scale", "step", "unscale_", "update")
 
@@ -62,7 +63,7 @@ class GradScalerInLoop(Rule):
             if h.method_call(n, "backward") is not None:
                 return "training"
             mc = h.method_call(n, *_SCALER_METHODS)
-            if mc is not None and h.is_scaler(names, mc[0]):
+            if mc is not None and voc.is_scaler(names, mc[0]):
                 return "training"
         return None
 

@@ -8,6 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 
 @dataclass
@@ -38,11 +39,11 @@ class GradScalerWithBf16(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.scalers: list[_Scaler] = []
-        self.autocasts: list[h.Autocast] = []
+        self.autocasts: list[acs.Autocast] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
-        ac = h.autocast_call(names, node)
+        ac = acs.autocast_call(names, node)
         if ac is not None:
             if ac.enabled is not False:
                 self.autocasts.append(ac)

@@ -7,6 +7,8 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic import vocabulary as voc
 
 # identifiers that show the loss is scaled some other way (GradScaler, apex `amp.scale_loss`,
 # DeepSpeed/Megatron/fairseq loss scalers) or that a framework owns the backward pass
@@ -52,7 +54,7 @@ class Fp16AutocastNoScaler(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
-        ac = h.autocast_call(names, node)
+        ac = acs.autocast_call(names, node)
         if ac is not None:
             if self._fp16(ac) and not self._no_grad():
                 self.flow.autocast(self.ctx, node)
@@ -73,13 +75,13 @@ class Fp16AutocastNoScaler(Rule):
             if any(w in d for w in _FRAMEWORK_BACKWARD):
                 return
             self.flow.backward_call(self.ctx, node)
-        elif u.is_optimizer(names, recv) and not h.is_scaler(names, recv):
+        elif voc.is_optimizer(names, recv) and not voc.is_scaler(names, recv):
             self.steps.add(id(u.scope_node(self.ctx)))
 
     def visit_With(self, node: cst.With) -> None:
         self.flow.with_statement(self.ctx, node)
 
-    def _fp16(self, ac: h.Autocast) -> bool:
+    def _fp16(self, ac: acs.Autocast) -> bool:
         if ac.enabled is False or h.has_star_args(ac.call):
             return False
         if ac.dtype_expr is None:

@@ -9,6 +9,7 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import vocabulary as voc
 
 _SAVE = {"torch.save", "torch.serialization.save"}
 _SCALER_METHODS = ("scale", "unscale_", "step", "update")
@@ -95,7 +96,7 @@ class CheckpointMissingScaler(Rule):
                 d = dotted_name(recv)
                 if d is not None:
                     self.mutated.add((self._scope(), d))
-            elif h.is_scaler(names, recv):
+            elif voc.is_scaler(names, recv):
                 if meth == "state_dict":
                     self.saved_defs.add(scope)
                     if klass is not None:
@@ -197,7 +198,7 @@ class CheckpointMissingScaler(Rule):
                 return True
             if isinstance(v, cst.Call):
                 mc = h.method_call(v, "state_dict")
-                if mc is not None and u.is_optimizer(self.ctx.names, mc[0]):
+                if mc is not None and voc.is_optimizer(self.ctx.names, mc[0]):
                     return True
         return False
 

@@ -9,6 +9,7 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import num_util as nu
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 # ops that CUDA autocast runs in float32 (aten/src/ATen/autocast_mode.h, AT_FORALL_FP32*): a
 # statistic built from them is float32 under autocast, so only pure-float16 code is at risk
@@ -78,7 +79,7 @@ class EpsUnderflow(Rule):
             h.mark_enclosing_functions(self.ctx, self._dividing)
         if not self.trains and (h.method_call(node, "backward") or nu.is_optimizer_class(q)):
             self.trains = True
-        ac = h.autocast_call(names, node)
+        ac = acs.autocast_call(names, node)
         if ac is not None:
             if ac.enabled is not False and (
                     ac.effective_dtype == "float16" or ac.dtype_expr is None and ac.device is None
@@ -188,7 +189,7 @@ class EpsUnderflow(Rule):
         for p in idx.ancestors(node):
             if isinstance(p, cst.With):
                 for item in p.items:
-                    ac = h.autocast_call(self.ctx.names, item.item)
+                    ac = acs.autocast_call(self.ctx.names, item.item)
                     if ac is not None and ac.enabled is not False and ac.effective_dtype in ("float16", None):
                         return True
         return False

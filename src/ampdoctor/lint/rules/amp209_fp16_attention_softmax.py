@@ -8,6 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 _CODE = cst.Module([])
 _FUSED = {"flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "memory_efficient_attention",
@@ -18,7 +19,7 @@ _FUSED = {"flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_fun
 class _Softmax:
     call: cst.Call
     inp: cst.BaseExpression
-    autocast: h.Autocast | None  # the innermost autocast region around it, when enabled
+    autocast: acs.Autocast | None  # the innermost autocast region around it, when enabled
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Fp16AttentionSoftmax(Rule):
         fn = h.enclosing_scope(self.ctx)
         if not isinstance(fn, cst.FunctionDef):
             return
-        regions = h.enclosing_autocasts(self.ctx)
+        regions = acs.enclosing_autocasts(self.ctx)
         ac = regions[0] if regions and regions[0].enabled is not False else None
         self.softmaxes.setdefault(id(fn), []).append(_Softmax(node, inp, ac))
 

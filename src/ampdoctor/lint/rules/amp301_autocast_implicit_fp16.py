@@ -10,6 +10,7 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 # names of settings that choose the training precision
 _SETTING = re.compile(r"^(dtype|ptdtype|dtype_str|precision|mixed_precision|amp_precision|amp_dtype|autocast_dtype|"
@@ -98,7 +99,7 @@ class AutocastImplicitFp16(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
         q = names.qualified(node.func) or ""
-        ac = h.autocast_call(names, node)
+        ac = acs.autocast_call(names, node)
         if ac is not None:
             if self._implicit_fp16(ac):
                 self.placement[id(node)] = self._placement()
@@ -144,7 +145,7 @@ class AutocastImplicitFp16(Rule):
     def visit_With(self, node: cst.With) -> None:
         self.flow.with_statement(self.ctx, node)
 
-    def _implicit_fp16(self, ac: h.Autocast) -> bool:
+    def _implicit_fp16(self, ac: acs.Autocast) -> bool:
         if ac.dtype_expr is not None or ac.enabled is False or h.has_star_args(ac.call):
             return False
         if h.in_compat_guard(self.ctx):
@@ -156,7 +157,7 @@ class AutocastImplicitFp16(Rule):
             dev = h.arg(ac.call, 0, "device_type")
             if dev is None or not isinstance(dev, (cst.Name, cst.Attribute)):
                 return False
-        en = h.arg(ac.call, 0 if ac.qualified in h.AUTOCAST_CUDA else 2, "enabled")
+        en = h.arg(ac.call, 0 if ac.qualified in acs.AUTOCAST_CUDA else 2, "enabled")
         if en is not None and not u.enables_for_bf16(self.ctx.names, en) and u.test_mentions(self.ctx.names, en):
             return False  # `enabled=args.fp16`: it only runs for fp16
         return not u.in_precision_branch(self.ctx)

@@ -7,6 +7,8 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic import vocabulary as voc
 
 _AUTOGRAD = {"torch.autograd.grad": "torch.autograd.grad", "torch.autograd.backward": "torch.autograd.backward"}
 # calls that may follow the backward at the end of the block and leave with it
@@ -38,7 +40,7 @@ class BackwardInsideAutocast(Rule):
             call = ".backward()"
         else:
             return
-        regions = list(u.own_autocasts(self.ctx))
+        regions = [(r.ac, r.node) for r in acs.regions(self.ctx)]
         if not regions or regions[0][0].enabled is False:
             return
         _, region = regions[0]
@@ -59,7 +61,7 @@ class BackwardInsideAutocast(Rule):
             mc = h.method_call(expr, "parameters", "scale")
             if mc is None or not self._simple(mc[0]):
                 return False
-            if mc[1] == "scale" and not h.is_scaler(self.ctx.names, mc[0]):
+            if mc[1] == "scale" and not voc.is_scaler(self.ctx.names, mc[0]):
                 return False
             return all(self._simple(a.value) for a in expr.args)
         return False

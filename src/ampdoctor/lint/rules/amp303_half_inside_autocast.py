@@ -6,6 +6,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 _LOW = ("float16", "bfloat16")
 _WHY = {
@@ -42,7 +43,7 @@ class HalfInsideAutocast(Rule):
                 return
         if dtype not in _LOW:
             return
-        region = u.active_region(self.ctx)
+        region = acs.active_region(self.ctx)
         if region is None or u.under_precision_branch(self.ctx, region.node):
             return  # `if use_pure_fp16: x = x.half()`: a deliberate, mode-dependent cast
         call = u.short(node, 50)

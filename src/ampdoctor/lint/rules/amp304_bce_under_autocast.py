@@ -5,6 +5,7 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 _BCE_FUNCS = {"torch.nn.functional.binary_cross_entropy", "torch._C._nn.binary_cross_entropy"}
 _BCE_CLASSES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss", "torch.nn.modules.BCELoss"}
@@ -60,7 +61,7 @@ class BceUnderAutocast(Rule):
             hit = names.made_by(func) in _BCE_CLASSES  # self.criterion = nn.BCELoss() in __init__
         if not hit:
             return
-        region = u.active_region(self.ctx)
+        region = acs.active_region(self.ctx)
         if region is None or region.ac.device not in ("cuda", None):
             return
         when = "" if region.ac.device == "cuda" else " when it runs on CUDA"

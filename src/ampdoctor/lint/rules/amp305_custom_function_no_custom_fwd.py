@@ -3,10 +3,11 @@ from __future__ import annotations
 import libcst as cst
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic import vocabulary as voc
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 _FUNCTION_BASES = {"torch.autograd.Function", "torch.autograd.function.Function"}
 # ops on autocast's lower-precision list (CUDA), by qualified name
@@ -43,11 +44,11 @@ class CustomFunctionNoCustomFwd(Rule):
         self.applies: dict[str, list[bool]] = {}
 
     def visit_Call(self, node: cst.Call) -> None:
-        if not self.uses_autocast and self.ctx.names.qualified(node.func) in h.AUTOCAST_ALL:
+        if not self.uses_autocast and self.ctx.names.qualified(node.func) in acs.AUTOCAST_ALL:
             self.uses_autocast = True
         mc = h.method_call(node, "apply")
         if mc is not None and isinstance(mc[0], cst.Name):
-            rs = u.regions(self.ctx)
+            rs = acs.regions(self.ctx)
             self.applies.setdefault(mc[0].value, []).append(bool(rs) and rs[0].ac.enabled is False)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -77,7 +78,7 @@ class CustomFunctionNoCustomFwd(Rule):
         for d in fwd.decorators:
             expr = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
             name = dotted_name(expr) or ""
-            if "custom_fwd" in name or "autocast" in name.lower() or "amp" in u.words(name):
+            if "custom_fwd" in name or "autocast" in name.lower() or "amp" in voc.words(name):
                 return True
         # a forward that manages autocast itself (reads its state, disables it)
         for n in h.walk(fwd.body):

@@ -9,6 +9,7 @@ from ampdoctor.lint import autocast_util as u
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 # the device types torch.device accepts (c10 DeviceType names)
 _DEVICE_TYPES = {"cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga",
@@ -169,7 +170,7 @@ class AutocastDeviceMismatch(Rule):
     # -- autocast calls ---------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
         q = self.ctx.names.qualified(node.func)
-        if q not in h.AUTOCAST_GENERIC or (isinstance(node.func, cst.Name) and node.func.value in self.ctx.names.partials):
+        if q not in acs.AUTOCAST_GENERIC or (isinstance(node.func, cst.Name) and node.func.value in self.ctx.names.partials):
             self._placement(node)
             return
         dev_expr = h.arg(node, 0, "device_type")
@@ -225,7 +226,7 @@ class AutocastDeviceMismatch(Rule):
             return
         if s not in _PLACEMENT:
             return
-        ac = h.autocast_call(self.ctx.names, node)
+        ac = acs.autocast_call(self.ctx.names, node)
         if ac is not None and ac.enabled is False:
             return  # `autocast("cpu", enabled=False)` around CUDA code only switches it off
         here = h.branch_path(self.ctx)

@@ -11,6 +11,7 @@ from ampdoctor.lint import autocast_util as u
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 _NO_GRAD = {"torch.no_grad", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
 _SET_GRAD = {"torch.set_grad_enabled", "torch.autograd.set_grad_enabled",
@@ -24,7 +25,7 @@ _FIXED_IN = (2, 11)
 
 @dataclass
 class _Candidate:
-    region: u.Region
+    region: acs.Region
     no_grad: cst.With
     keys: dict[str, str]  # module key -> how it was called
     scope: cst.CSTNode  # the function (or module) holding both
@@ -62,7 +63,7 @@ class NoGradInsideAutocastReuse(Rule):
                 v = h.arg(c, 0, "mode")
                 if isinstance(v, cst.Name) and v.value == "False":
                     return True
-            ac = h.autocast_call(self.ctx.names, c)
+            ac = acs.autocast_call(self.ctx.names, c)
             if ac is not None and ac.enabled is False:
                 return True
         return False
@@ -103,8 +104,8 @@ class NoGradInsideAutocastReuse(Rule):
             return
         if not self._is_no_grad(node):
             return
-        region = u.active_region(self.ctx)
-        if region is None or not isinstance(region.node, cst.With) or u.cache_enabled(region.ac) is False:
+        region = acs.active_region(self.ctx)
+        if region is None or not isinstance(region.node, cst.With) or acs.cache_enabled(region.ac) is False:
             return
         keys: dict[str, str] = {}
         for c in u.module_calls(node.body):

@@ -7,6 +7,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import autocast as acs
 
 # calls whose result autocast lowers to float16/bfloat16 (on CUDA and on CPU)
 _PRODUCERS = {f"torch.nn.functional.{n}" for n in (
@@ -43,10 +44,10 @@ class AutocastDisabledNoCast(Rule):
     summary = "Tensors from an autocast region used in a nested `autocast(enabled=False)` without a cast."
 
     def visit_With(self, node: cst.With) -> None:
-        if not any((ac := h.autocast_call(self.ctx.names, i.item)) is not None and ac.enabled is False
+        if not any((ac := acs.autocast_call(self.ctx.names, i.item)) is not None and ac.enabled is False
                    for i in node.items):
             return
-        outer = u.active_region(self.ctx)
+        outer = acs.active_region(self.ctx)
         if outer is None or outer.ac.dtype in ("float32", "float64"):
             return
         dtype = outer.ac.effective_dtype or "float16/bfloat16"
@@ -127,7 +128,7 @@ class AutocastDisabledNoCast(Rule):
         def visit(n: cst.CSTNode) -> None:
             if isinstance(n, h.SCOPES):
                 return
-            if isinstance(n, cst.With) and any(h.autocast_call(self.ctx.names, i.item) is not None for i in n.items):
+            if isinstance(n, cst.With) and any(acs.autocast_call(self.ctx.names, i.item) is not None for i in n.items):
                 return  # autocast re-entered (or disabled again): its own rules apply
             if isinstance(n, cst.Call):
                 op = self._compute_call(n)

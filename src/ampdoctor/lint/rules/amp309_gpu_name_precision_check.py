@@ -9,6 +9,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import autocast_util as u
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic import vocabulary as voc
 from ampdoctor.lint.rule import Rule
 
 _NAME_CALLS = {"torch.cuda.get_device_name"}
@@ -17,8 +18,6 @@ _PROPS_CALLS = {"torch.cuda.get_device_properties"}
 _GPU = re.compile(r"(?i)^\s*(?:nvidia\s+|geforce\s+|tesla\s+|quadro\s+)*"
                   r"(?:rtx|gtx|titan|tesla|quadro|[ahblvptk]\d{1,4}[a-z]{0,2}|g[bh]\d{2,3}|mi\d{2,3}[a-z]?|"
                   r"\d{3,4}(?:\s*ti)?)(?:\b|\s|$)")
-_PRECISION_WORDS = {"bf16", "bfloat16", "bfloat", "fp16", "float16", "half", "amp", "autocast", "precision",
-                    "dtype", "tf32", "mixed", "fp32", "float32", "gradscaler", "scaler"}
 _PRECISION_STRINGS = re.compile(r"(?i)^(bf16|fp16|16-mixed|bf16-mixed|bf16-true|16-true|float16|bfloat16|"
                                 r"half|fp32|float32|tf32|amp)$")
 _METHODS = ("startswith", "endswith", "find", "index", "count", "__contains__")
@@ -236,7 +235,7 @@ class GpuNamePrecisionCheck(Rule):
     def _precision(self, nodes: list[cst.CSTNode]) -> bool:
         for node in nodes:
             for n in [node, *h.walk(node, enter_scopes=True)]:
-                if isinstance(n, cst.Name) and _PRECISION_WORDS.intersection(u.words(n.value)):
+                if isinstance(n, cst.Name) and voc.PRECISION_WORDS.intersection(voc.words(n.value)):
                     return True
                 s = h.string_value(n)
                 if s is not None and _PRECISION_STRINGS.match(s.strip()):

@@ -1,0 +1,38 @@
+"""``FileFacts``: the semantic facts of one file, each built on first use and kept for the file."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ampdoctor.lint.rule import Context
+
+
+class FileFacts:
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self._calls = None
+        self._evidence = None
+
+    @property
+    def calls(self):
+        if self._calls is None:
+            from ampdoctor.lint.semantic.calls import CallGraph
+
+            self._calls = CallGraph(self.module)
+        return self._calls
+
+    @property
+    def evidence(self):
+        if self._evidence is None:
+            from ampdoctor.lint.semantic.evidence import Evidence
+
+            self._evidence = Evidence(self.module, self.calls.names)
+        return self._evidence
+
+
+def facts_of(ctx: Context) -> FileFacts:
+    """The facts of the file ``ctx`` is linting (the module is the root of ``ctx.parents``)."""
+    facts = ctx.facts
+    if facts is None:
+        facts = ctx.facts = FileFacts(ctx.parents[0])  # type: ignore[arg-type]
+    return facts

@@ -1,0 +1,58 @@
+"""Name heuristics shared by every rule: what an identifier says about precision, and which
+receivers are optimizers or gradient scalers."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ampdoctor.lint.names import Names, dotted_name
+
+# identifier words that name a precision setting (``use_bf16``, ``amp_dtype``, ``mixed_precision``)
+PRECISION_WORDS = frozenset({"bf16", "bfloat16", "bfloat", "fp16", "float16", "half", "amp", "autocast",
+                             "precision", "dtype", "tf32", "mixed", "fp32", "float32", "gradscaler", "scaler"})
+# substrings of a branch test that make it a precision switch (``if args.fp16:``, ``dtype == ...``)
+PRECISION_SUBSTRINGS = ("16", "half", "dtype", "precision", "bf", "fp", "float", "scal", "amp_mode")
+GRAD_SCALERS = ("GradScaler", "ShardedGradScaler")
+
+_OPT_RE = re.compile(r"(.*_)?opts?(_.*|\d+|[a-z])?")
+
+
+def words(text: str) -> list[str]:
+    """``safe_bf16_supported`` -> ["safe", "bf16", "supported"]; camelCase is split too."""
+    text = re.sub(r"([a-z])([A-Z])", r"\1_\2", text)
+    return [w for w in re.split(r"[^0-9a-zA-Z]+", text.lower()) if w]
+
+
+def is_grad_scaler_name(qualified: str | None) -> bool:
+    return bool(qualified) and qualified.rsplit(".", 1)[-1] in GRAD_SCALERS  # type: ignore[union-attr]
+
+
+def is_scaler(names: Names, expr: cst.BaseExpression) -> bool:
+    """A receiver that holds a GradScaler: made by ``GradScaler(...)`` or named like one."""
+    if is_grad_scaler_name(names.made_by(expr)):
+        return True
+    d = dotted_name(expr)
+    if d is None:
+        return False
+    return "scaler" in d.rsplit(".", 1)[-1].lower()
+
+
+def is_optimizer(names: Names, expr: cst.CSTNode) -> bool:
+    """A receiver that is an optimizer: ``opt``, ``self.optimizer``, ``optimizers[0]``, ``opt_g``,
+    or a name assigned from ``torch.optim.*``; never a scheduler, scaler or wrapper."""
+    if isinstance(expr, cst.Subscript):
+        expr = expr.value
+    if is_scaler(names, expr):  # type: ignore[arg-type]
+        return False
+    made = names.made_by(expr) or ""
+    if made.startswith("torch.optim.") and "lr_scheduler" not in made:
+        return True
+    d = dotted_name(expr)
+    if d is None:
+        return False
+    last = d.rsplit(".", 1)[-1].lower()
+    if any(w in last for w in ("sched", "scaler", "lr", "wrapper", "swa", "ema")):
+        return False
+    return "optim" in last or bool(_OPT_RE.fullmatch(last))
