@@ -193,7 +193,7 @@ def in_compat_guard(ctx: Context) -> bool:
     """Inside a try/except-ImportError shim or a torch-version / hasattr check."""
     stack = ctx.parents
     for i in range(len(stack) - 2, -1, -1):
-        p, child = stack[i], stack[i + 1]
+        p = stack[i]
         if isinstance(p, cst.Try):
             for hnd in p.handlers:
                 t = hnd.type
@@ -209,6 +209,23 @@ def in_compat_guard(ctx: Context) -> bool:
         elif isinstance(p, (cst.If, cst.IfExp)):
             test = p.test
             words = " ".join(names_in(test))
-            if any(w in words for w in _VERSION_WORDS):
+            if any(w in words for w in _VERSION_WORDS if w != "hasattr"):
+                return True
+            if "hasattr" in words and any(_torch_hasattr(ctx.names, n) for n in [test, *walk(test, enter_scopes=True)]):
                 return True
     return False
+
+
+_AMP_ATTRS = ("amp", "autocast", "scaler", "custom_fwd", "custom_bwd", "is_bf16", "bf16", "float16", "bfloat16",
+              "get_autocast")
+
+
+def _torch_hasattr(names: Names, node: cst.CSTNode) -> bool:
+    """``hasattr(torch.amp, "autocast")``, ``hasattr(torch, "autocast")``: a check for an API of
+    torch, unlike ``hasattr(model, "to_channels_last")``."""
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "hasattr"
+            and len(node.args) >= 2):
+        return False
+    obj = names.qualified(node.args[0].value) or ""
+    attr = (string_value(node.args[1].value) or "").lower()
+    return obj == "torch" or obj.startswith("torch.") or any(w in attr for w in _AMP_ATTRS)

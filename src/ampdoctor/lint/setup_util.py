@@ -3,7 +3,6 @@ AMP302). Rules never import each other; they share this module and ``helpers``."
 
 from __future__ import annotations
 
-import re
 
 import libcst as cst
 from ampdoctor.lint import tree as _tree
@@ -68,12 +67,6 @@ def scaler_target(ctx: Context) -> str | None:
 
 # -- dtypes in configuration values --------------------------------------------------
 
-_BF16_FLAG = re.compile(r"^(use_|is_|enable_|with_|do_)?(bf16|bfloat16)(_enabled|_mode|_training|_amp)?$")
-
-
-def is_bf16_flag(node: cst.CSTNode) -> bool:
-    d = dotted_name(node)
-    return d is not None and bool(_BF16_FLAG.match(d.rsplit(".", 1)[-1].lower()))
 
 
 def possible_dtypes(names: Names, expr: cst.CSTNode | None) -> set[str]:
@@ -162,7 +155,7 @@ def _values(names: Names, node: cst.CSTNode, positive: list) -> set[bool]:
                     positive.append(node)
                 return {v}
         return {True, False}
-    if is_bf16_flag(node):
+    if voc.is_bf16_flag(node):
         positive.append(node)
         return {True}
     return {True, False}

@@ -24,6 +24,14 @@ class _Event:
     statement: tuple | None
 
 
+def _loop_names(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value.lower()}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_loop_names(e.value) for e in target.elements))
+    return set()
+
+
 class StepWithoutUpdate(Rule):
     """``scaler.step(opt)`` must be followed by ``scaler.update()`` in the same iteration."""
 
@@ -61,11 +69,12 @@ class StepWithoutUpdate(Rule):
             opt = cst.Module([]).code_for_node(node.args[0].value)
         region = None
         regions = []
+        stepped = set(h.names_in(node.args[0].value)) if meth == "step" else set()
         for p in self.ctx.ancestors():
             if isinstance(p, (h.LOOPS + h.SCOPES + (cst.Module,))):
                 regions.append(id(p))
-                if region is None:
-                    region = p
+                if region is None and not (isinstance(p, cst.For) and stepped & _loop_names(p.target)):
+                    region = p  # `for opt in optimizers: scaler.step(opt)` is one round of steps
         self.events.append(_Event(meth, scaler, opt, node, region, tuple(regions),
                                   h.branch_path(self.ctx), len(self.events), h.statement_of(self.ctx)))
 

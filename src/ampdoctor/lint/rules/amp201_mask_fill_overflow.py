@@ -31,6 +31,7 @@ class _Candidate:
     fn: cst.FunctionDef | None
     guarded: bool
     additive: bool = False
+    cast: cst.Call | None = None  # `.to(x.dtype)` that turns the constant into the runtime dtype
 
 
 class MaskFillOverflow(Rule):
@@ -46,8 +47,11 @@ class MaskFillOverflow(Rule):
     additive_message = ("`{expr}` multiplies a mask by {value}, which float16 cannot hold: when the mask is float16 "
                         "(fp16 autocast, `.half()`, `.to(dtype)`) the product is -inf, and a fully masked row then "
                         "gives NaN after softmax. Use `torch.finfo(dtype).min` of the scores' dtype instead.")
+    cast_message = ("`{expr}` puts {value} into a tensor and casts it to a runtime dtype: in float16 "
+                    "(`--fp16`, `.half()`, fp16 autocast) the constant becomes -inf, and a fully masked row "
+                    "then gives NaN after softmax. Use `torch.finfo({dtype}).min` of that dtype instead.")
     fix_availability = "unsafe"
-    words = (b"masked_fill", b"mask")
+    words = (b"masked_fill", b"mask", b"where")
     also = (b"e9", b"e+9", b"e10", b"e+10", b"e12", b"e15", b"e18", b"e20", b"e30", b"e38", b"float32).max",
             b"float32).min", b"2**", b"2 **", b"0000000")
     summary = ("`masked_fill` or an additive `mask * C` mask with a constant such as -1e9 that overflows float16, "
@@ -60,6 +64,7 @@ class MaskFillOverflow(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         mc = h.method_call(node, "masked_fill", "masked_fill_")
         if mc is None:
+            self._cast_of_constant(node)
             return
         if self.ctx.names.qualified(node.func) in ("torch.masked_fill", "torch.Tensor.masked_fill"):
             recv = h.arg(node, 0, "input")
@@ -70,6 +75,23 @@ class MaskFillOverflow(Rule):
         if recv is None or value is None or h.has_star_args(node):
             return
         self.candidates.append(_Candidate(node, recv, value, self._function(), self._dtype_guarded()))
+
+    def _cast_of_constant(self, node: cst.Call) -> None:
+        """``torch.where(m, 0, -1e10).to(x.dtype)``: a constant tensor cast to a dtype known at run time."""
+        mc = h.method_call(node, "to", "type_as", "type")
+        if mc is None or not isinstance(mc[0], cst.Call) or not node.args:
+            return
+        inner = mc[0]
+        q = self.ctx.names.qualified(inner.func) or ""
+        if q not in ("torch.where", "torch.full", "torch.tensor", "torch.full_like", "torch.as_tensor"):
+            return
+        target = node.args[0].value
+        if mc[1] == "to" and (h.dtype_of(self.ctx.names, target) is not None or h.string_value(target) is not None):
+            return  # `.to(torch.float32)`, `.to("cuda")`: a fixed dtype or a device
+        for a in inner.args:
+            if isinstance(a.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Name, cst.Attribute)):
+                self.candidates.append(_Candidate(node, inner, a.value, self._function(), self._dtype_guarded(),
+                                                  cast=node))
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         """Additive masks: `mask * -1e9`, `(1 - mask) * -1e9`, `-1e9 * mask`."""
@@ -115,7 +137,7 @@ class MaskFillOverflow(Rule):
             v = self._value(c.value, consts, flow, c.call)
             if v is None or v != v or abs(v) <= mu.FP16_MAX or v in (float("inf"), float("-inf")):
                 continue
-            if self._wide(c.recv, flow, c.call, 0) or self._integer_like(c.recv):
+            if c.cast is None and (self._wide(c.recv, flow, c.call, 0) or self._integer_like(c.recv)):
                 continue
             if c.additive and any(mu.is_upcast(names, n) for n in h.walk(c.recv, enter_scopes=True)):
                 continue  # `(1.0 - mask.float()) * -1e9` stays float32
@@ -123,6 +145,14 @@ class MaskFillOverflow(Rule):
         if not found or mu.fp16_evidence(names, node) is None:
             return
         for c, v in found:
+            if c.cast is not None:
+                target = c.cast.args[0].value
+                dtype = _CODE.code_for_node(target) if dotted_name(target) else "dtype"
+                if c.cast.func.attr.value in ("type_as",):  # type: ignore[attr-defined]
+                    dtype += ".dtype"
+                self.report(c.call, self.cast_message.format(expr=" ".join(_CODE.code_for_node(c.call).split()),
+                                                             value=f"`{_CODE.code_for_node(c.value).strip()}`", dtype=dtype))
+                continue
             if c.additive:
                 expr = _CODE.code_for_node(c.call).strip()
                 self.report(c.call, self.additive_message.format(expr=expr, value=f"{v:g}"))

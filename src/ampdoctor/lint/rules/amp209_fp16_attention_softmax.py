@@ -144,6 +144,8 @@ class Fp16AttentionSoftmax(Rule):
             for n in [expr, *h.walk(expr)]:
                 ops = mu.matmul_operands(names, n)
                 if ops is not None:
+                    if self._bounded(ops, flow, at):
+                        return None  # the logits cannot get near the float16 range
                     found = True
                     for op in ops:  # q and k: were they upcast before the matmul?
                         for name in mu.expr_names(op):
@@ -158,6 +160,22 @@ class Fp16AttentionSoftmax(Rule):
                     seen.add((name, b.start))
                     todo.append((b.value, b.start, depth + 1))
         return chain if found else None
+
+    def _bounded(self, ops: list[cst.BaseExpression], flow: mu.FunctionFlow, at: int) -> bool:
+        """``q @ kᵀ`` whose result is already the (small) logit: both operands are unit vectors
+        (cosine attention, ``F.normalize``), or one is scaled by 1/sqrt(d) before the product
+        (``q = q * self.scale``): what is materialised is the final logit, not a raw dot product."""
+        kinds = []
+        for op in ops:
+            exprs = [op]
+            for name in mu.expr_names(op):
+                b = flow.binding_at(name, at)
+                if b is not None and b.value is not None:
+                    exprs.append(b.value)
+            kinds.append({k for e in exprs for k in _operand_kinds(self.ctx.names, e)})
+        if all("unit" in k for k in kinds):
+            return True
+        return any("scaled" in k for k in kinds)
 
     def _feeds_matmul(self, sm: _Softmax, flow: mu.FunctionFlow) -> bool:
         """The probabilities reach a matmul with the values: directly (``softmax(s) @ v``) or
@@ -185,3 +203,30 @@ class Fp16AttentionSoftmax(Rule):
             if ops is not None and any(tainted & mu.expr_names(op) for op in ops):
                 return True
         return False
+
+
+_NORMALIZERS = ("normalize", "l2norm", "l2_norm", "unit", "cosine")
+_SCALES = ("scale", "scaling", "temperature", "temp", "sqrt", "rsqrt", "inv_sqrt", "norm_factor", "softmax_scale")
+
+
+def _operand_kinds(names, expr: cst.CSTNode) -> set[str]:
+    """"unit" for a normalised vector (``F.normalize(q)``, ``q / q.norm(...)``), "scaled" for one
+    multiplied or divided by a 1/sqrt(d)-style factor (``q * self.scale``, ``q / math.sqrt(d)``,
+    ``q * d ** -0.5``), looking through transposes and reshapes."""
+    out: set[str] = set()
+    for n in [expr, *h.walk(expr)]:
+        if isinstance(n, cst.Call):
+            last = (names.qualified(n.func) or "").rsplit(".", 1)[-1].lower()
+            if any(w in last for w in _NORMALIZERS):
+                out.add("unit")
+        elif isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Multiply, cst.Divide)):
+            for side in (n.left, n.right):
+                words = list(h.names_in(side))
+                if isinstance(n.operator, cst.Divide) and side is n.right and "norm" in words:
+                    out.add("unit")
+                if any(any(w in word for w in _SCALES) for word in words) and not any("mask" in w for w in words):
+                    out.add("scaled")
+                if isinstance(side, cst.BinaryOperation) and isinstance(side.operator, cst.Power) and \
+                        (h.number_value(side.right) or 0) < 0:
+                    out.add("scaled")  # d ** -0.5
+    return out

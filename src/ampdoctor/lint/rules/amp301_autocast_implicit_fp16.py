@@ -11,6 +11,8 @@ from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic import branches
+from ampdoctor.lint.semantic import vocabulary as voc
 
 # names of settings that choose the training precision
 _SETTING = re.compile(r"^(dtype|ptdtype|dtype_str|precision|mixed_precision|amp_precision|amp_dtype|autocast_dtype|"
@@ -51,6 +53,7 @@ class AutocastImplicitFp16(Rule):
         self.placement: dict[int, int | None] = {}  # id(autocast call) -> its placement
         self.sets_default = False
         self.flow = u.AutocastFlow()
+        self.arm: dict[int, str] = {}  # id(autocast call) -> the bf16-only branch it sits in
 
     # -- where ------------------------------------------------------------------------
 
@@ -81,7 +84,7 @@ class AutocastImplicitFp16(Rule):
             return
         last = d.rsplit(".", 1)[-1].lower()
         if _SETTING.search(last) and "bfloat16" in u.possible_dtypes(self.ctx.names, value) \
-                or u.is_bf16_flag(target) and u.is_literal(value, True):
+                or voc.is_bf16_flag(target) and u.is_literal(value, True):
             sep = "=" if isinstance(target, cst.Name) and isinstance(self.ctx.parents[-1], cst.Param) else " = "
             self._config(f"`{d}{sep}{u.short(value, 40)}`")
 
@@ -115,6 +118,11 @@ class AutocastImplicitFp16(Rule):
         if mc is not None:
             self._argument(node)
             return
+        mc = h.method_call(node, "to", "bfloat16")
+        if mc is not None and (mc[1] == "bfloat16" and not node.args or
+                               mc[1] == "to" and any(h.dtype_of(names, a.value) == "bfloat16" for a in node.args)):
+            self._config(f"`{u.short(node, 40)}`")  # a model or its inputs moved to bfloat16
+            return
         last = q.rsplit(".", 1)[-1] if q else ""
         if q.startswith(("torch.", "numpy.", "np.", "jax.", "jnp.")) or _TENSOR_CALLS.match(last):
             return
@@ -123,7 +131,7 @@ class AutocastImplicitFp16(Rule):
                 continue
             k = a.keyword.value
             if k in _KEYWORDS and "bfloat16" in u.possible_dtypes(names, a.value) \
-                    or u.is_bf16_flag(a.keyword) and u.is_literal(a.value, True):
+                    or voc.is_bf16_flag(a.keyword) and u.is_literal(a.value, True):
                 self._config(f"`{k}={u.short(a.value, 40)}`")
 
     def _argument(self, call: cst.Call) -> None:
@@ -137,7 +145,7 @@ class AutocastImplicitFp16(Rule):
         if any(_SETTING.search(o) for o in opts):
             if "bfloat16" in u.possible_dtypes(self.ctx.names, default):
                 self._config(f"`{raw[-1]}` defaults to `{u.short(default, 30)}`")
-        elif any(u.is_bf16_flag(cst.Name(o)) for o in opts if o.isidentifier()):
+        elif any(voc.is_bf16_flag(cst.Name(o)) for o in opts if o.isidentifier()):
             self._config(f"the `{raw[-1]}` option")
 
     # -- the autocast -----------------------------------------------------------------
@@ -160,10 +168,14 @@ class AutocastImplicitFp16(Rule):
         en = h.arg(ac.call, 0 if ac.qualified in acs.AUTOCAST_CUDA else 2, "enabled")
         if en is not None and not u.enables_for_bf16(self.ctx.names, en) and u.test_mentions(self.ctx.names, en):
             return False  # `enabled=args.fp16`: it only runs for fp16
+        arm = branches.bf16_arm(self.ctx)
+        if arm is not None:  # `if args.bf16: with torch.autocast("cuda"):` runs float16 exactly when bf16 is asked
+            self.arm[id(ac.call)] = f"the `if {u.short(arm, 40)}:` branch it sits in"
+            return True
         return not u.in_precision_branch(self.ctx)
 
     def leave_Module(self, node: cst.Module) -> None:
-        if self.sets_default or not self.configs:
+        if self.sets_default or not (self.configs or self.arm):
             return
         # only autocasts that compute the forward of a training step: the consequence there is
         # fp16 gradients (underflow, or a scaler that the bf16 setting turned off)
@@ -172,6 +184,7 @@ class AutocastImplicitFp16(Rule):
             # prefer a setting next to the autocast, then a file-wide one
             near = [c for c in self.configs if c.top is not None and c.top == top]
             cfg = (near or [c for c in self.configs if c.top is None] or [None])[0]
-            if cfg is None:
+            text = self.arm.get(id(call)) or (cfg.text if cfg is not None else None)
+            if text is None:
                 continue
-            self.report(call, self.message.format(cfg=cfg.text))
+            self.report(call, self.message.format(cfg=text))

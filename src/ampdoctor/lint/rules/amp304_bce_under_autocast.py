@@ -61,8 +61,10 @@ class BceUnderAutocast(Rule):
             hit = names.made_by(func) in _BCE_CLASSES  # self.criterion = nn.BCELoss() in __init__
         if not hit:
             return
-        region = acs.active_region(self.ctx)
+        region = acs.active_region(self.ctx, inherited=True)
         if region is None or region.ac.device not in ("cuda", None):
             return
         when = "" if region.ac.device == "cuda" else " when it runs on CUDA"
+        if region.via is not None:  # the enclosing function is only called inside autocast
+            when += f" (this function runs in the autocast region around `{u.short(region.via, 40)}`)"
         self.report(node, self.message.format(call=u.short(func, 45) + "(...)", when=when))

@@ -29,12 +29,29 @@ _NEW_FORM = {
     "custom_fwd": 'torch.amp.custom_fwd(device_type="{d}")',
     "custom_bwd": 'torch.amp.custom_bwd(device_type="{d}")',
 }
+_ALIAS_FORM = {
+    "autocast": '`functools.partial(torch.amp.autocast, "{d}")`',
+    "GradScaler": '`functools.partial(torch.amp.GradScaler, "{d}")`',
+    "custom_fwd": '`functools.partial(torch.amp.custom_fwd, device_type="{d}")`',
+    "custom_bwd": '`functools.partial(torch.amp.custom_bwd, device_type="{d}")`',
+}
 _BINDING_PARENTS = (cst.Param, cst.FunctionDef, cst.ClassDef, cst.AssignTarget, cst.For, cst.AsName,
                     cst.NamedExpr, cst.AnnAssign, cst.AugAssign, cst.CompFor, cst.Global, cst.Nonlocal)
 
 
 def _is_new_api(q: str) -> bool:
     return q.startswith("torch.amp.") or q in ("torch.autocast", "torch.GradScaler")
+
+
+def _bound_value(stack: list[cst.CSTNode]) -> bool:
+    """The node is what an assignment binds, maybe as one branch of a conditional expression:
+    ``amp_autocast = torch.cuda.amp.autocast``, ``ctx = torch.cuda.amp.autocast if amp else suppress``."""
+    i = len(stack) - 2
+    child = stack[-1]
+    while i >= 0 and isinstance(stack[i], cst.IfExp) and child is not stack[i].test:
+        child = stack[i]
+        i -= 1
+    return i >= 0 and isinstance(stack[i], (cst.Assign, cst.AnnAssign)) and stack[i].value is child
 
 
 class _Unfixable(Exception):
@@ -48,6 +65,9 @@ class DeprecatedDeviceAmp(Rule):
     name = "deprecated-device-amp"
     severity = Severity.INFO
     message = ("`{old}` is deprecated since torch 2.4 (it emits a FutureWarning). Use `{new}`{extra}.")
+    alias_message = ("`{old}` is deprecated since torch 2.4 and this name is bound to it, so every call "
+                     "through the name emits a FutureWarning. Bind {new} instead (keyword arguments: the "
+                     "positional order differs).")
     import_message = ("`{old}` imports the device-specific AMP API, deprecated since torch 2.4 (its uses "
                       "emit a FutureWarning). Use {new} instead.")
     fix_title = "Use `torch.amp` with an explicit device"
@@ -75,7 +95,8 @@ class DeprecatedDeviceAmp(Rule):
         is_partial = isinstance(parent, cst.Arg) and isinstance(grand, cst.Call) and \
             grand.args and grand.args[0] is parent and \
             self.ctx.names.qualified(grand.func) in ("functools.partial", "partial")
-        if not (is_call or is_decorator or is_partial):
+        is_bound = _bound_value(stack)
+        if not (is_call or is_decorator or is_partial or is_bound):
             return  # a reference (a lookup table, isinstance, an annotation) does not warn
         if u.in_version_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
             return
@@ -93,7 +114,11 @@ class DeprecatedDeviceAmp(Rule):
             except _Unfixable:
                 fix = None
         extra = "; pass `enabled`/`dtype` by keyword, the positional order differs" if kind == "autocast" else ""
-        msg = self.message.format(old=u.short(node, 50), new=_NEW_FORM[kind].format(d=dev), extra=extra)
+        if is_bound and not (is_call or is_decorator or is_partial):
+            fix = None  # the alias's callers pass arguments in the old order: no mechanical rewrite
+            msg = self.alias_message.format(old=u.short(node, 50), new=_ALIAS_FORM[kind].format(d=dev))
+        else:
+            msg = self.message.format(old=u.short(node, 50), new=_NEW_FORM[kind].format(d=dev), extra=extra)
         self.report(node, msg, fix)
 
     # -- from torch.cuda.amp import autocast, GradScaler -------------------------------------

@@ -16,6 +16,7 @@ PRECISION_WORDS = frozenset({"bf16", "bfloat16", "bfloat", "fp16", "float16", "h
 PRECISION_SUBSTRINGS = ("16", "half", "dtype", "precision", "bf", "fp", "float", "scal", "amp_mode")
 GRAD_SCALERS = ("GradScaler", "ShardedGradScaler")
 
+_BF16_FLAG = re.compile(r"^(use_|is_|enable_|with_|do_)?(bf16|bfloat16)(_enabled|_mode|_training|_amp)?$")
 _OPT_RE = re.compile(r"(.*_)?opts?(_.*|\d+|[a-z])?")
 
 
@@ -56,3 +57,9 @@ def is_optimizer(names: Names, expr: cst.CSTNode) -> bool:
     if any(w in last for w in ("sched", "scaler", "lr", "wrapper", "swa", "ema")):
         return False
     return "optim" in last or bool(_OPT_RE.fullmatch(last))
+
+
+def is_bf16_flag(node: cst.CSTNode) -> bool:
+    """A name or attribute that is a bfloat16 switch: ``bf16``, ``args.use_bf16``, ``bf16_enabled``."""
+    d = dotted_name(node)
+    return d is not None and bool(_BF16_FLAG.match(d.rsplit(".", 1)[-1].lower()))
