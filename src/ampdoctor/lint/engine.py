@@ -15,7 +15,7 @@ import sys
 import threading
 import tokenize
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 

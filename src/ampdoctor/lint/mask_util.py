@@ -16,8 +16,6 @@ import libcst as cst
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import tree
 from ampdoctor.lint.names import Names, dotted_name
-from ampdoctor.lint.semantic import autocast as acs
-from ampdoctor.lint.semantic import vocabulary as voc
 
 FP16_MAX = 65504.0
 
@@ -180,49 +178,6 @@ def is_finfo_min(names: Names, node: cst.CSTNode) -> bool:
     """``torch.finfo(<anything>).min``."""
     return isinstance(node, cst.Attribute) and node.attr.value == "min" and isinstance(node.value, cst.Call) \
         and names.qualified(node.value.func) == "torch.finfo"
-
-
-# -- fp16 in the file ---------------------------------------------------------------------
-
-_FP16_STRINGS = {"fp16", "float16", "16-mixed", "16-true", "--fp16", "16"}
-_HALF_QUALIFIED = {"torch.float16", "torch.half", "torch.cuda.HalfTensor", "torch.HalfTensor"}
-
-
-def fp16_evidence(names: Names, module: cst.Module) -> cst.CSTNode | None:
-    """A node showing that the file may compute in float16, else None.
-
-    Counts ``torch.float16``/``torch.half``, ``.half()``, float16 autocast (also CUDA autocast
-    without a dtype, which defaults to float16), a GradScaler (only float16 needs one),
-    ``fp16`` identifiers (``args.fp16``) and precision strings such as ``"fp16"``. A file
-    that only uses bfloat16 shows none.
-    """
-    for n in h.walk(module, enter_scopes=True):
-        if isinstance(n, cst.Attribute):
-            if names.qualified(n) in _HALF_QUALIFIED or "fp16" in n.attr.value.lower():
-                return n
-        elif isinstance(n, cst.Name):
-            if "fp16" in n.value.lower() or names.qualified(n) in _HALF_QUALIFIED:
-                return n
-        elif isinstance(n, cst.Call):
-            if h.method_call(n, "half") and not n.args:
-                return n
-            q = names.qualified(n.func)
-            if voc.is_grad_scaler_name(q):
-                return n
-            ac = acs.autocast_call(names, n)
-            if ac is not None and ac.enabled is not False:
-                if ac.dtype == "float16" or (ac.dtype_expr is None and ac.device in ("cuda", None)):
-                    return n
-            for a in n.args:
-                if a.keyword is not None and a.keyword.value == "precision":
-                    v = h.string_value(a.value)
-                    if (v is not None and v.lower() in _FP16_STRINGS) or h.number_value(a.value) == 16:
-                        return n
-        elif isinstance(n, cst.SimpleString):
-            v = h.string_value(n)
-            if v is not None and v.lower() in _FP16_STRINGS - {"16"}:
-                return n
-    return None
 
 
 # -- function-level data flow -----------------------------------------------------------

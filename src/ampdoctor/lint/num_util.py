@@ -15,6 +15,7 @@ from ampdoctor.lint import tree as _tree
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.semantic.casts import _self_and_walk, cast_target, dtype_kwarg, has_upcast
 from ampdoctor.lint.rule import Context, Rule
 from ampdoctor.lint.semantic import vocabulary as voc
 
@@ -40,82 +41,7 @@ def short(node: cst.CSTNode, limit: int = 40) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-# -- dtype conversions ------------------------------------------------------------------
-
-_CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16"}
-UPCAST = ("float32", "float64")
-
-
-def cast_target(names: Names, call: cst.CSTNode) -> str | None:
-    """The dtype a conversion call ``r.float()``, ``r.half()``, ``r.to(..dtype..)``,
-    ``r.type(dtype)`` converts to; "?" for ``.to``/``.type``/``.type_as`` with a dtype that is
-    not a literal (``.to(x.dtype)``); None when the call is not a dtype conversion."""
-    mc = h.method_call(call, *_CAST_METHODS, "to", "type", "type_as")
-    if mc is None:
-        return None
-    _, meth = mc
-    assert isinstance(call, cst.Call)
-    if meth in _CAST_METHODS:
-        return _CAST_METHODS[meth] if not call.args else None
-    if meth == "type_as":
-        return "?"
-    if meth == "type":
-        if not call.args:
-            return None  # `x.type()` returns the type string
-        return h.dtype_of(names, call.args[0].value) or "?"
-    # .to(dtype) / .to(device, dtype) / .to(dtype=...) / .to(other) / .to(device)
-    kw = h.arg(call, None, "dtype")
-    if kw is not None:
-        return h.dtype_of(names, kw) or "?"
-    for a in call.args:
-        if a.keyword is None and not a.star:
-            d = h.dtype_of(names, a.value)
-            if d is not None and not isinstance(a.value, cst.SimpleString):
-                return d
-    for a in call.args:
-        if a.keyword is None and not a.star and _looks_like_dtype_expr(a.value):
-            return "?"
-    return None
-
-
-def _looks_like_dtype_expr(node: cst.BaseExpression) -> bool:
-    d = dotted_name(node)
-    return d is not None and "dtype" in d.rsplit(".", 1)[-1].lower()
-
-
-def dtype_kwarg(names: Names, call: cst.Call) -> str | None:
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == "dtype":
-            return h.dtype_of(names, a.value) or "?"
-    return None
-
-
-def has_upcast(names: Names, expr: cst.CSTNode) -> bool:
-    """Whether ``expr`` explicitly computes in float32/float64 somewhere: ``.float()``,
-    ``.double()``, ``.to(torch.float32)``, ``.type(torch.float32)``, ``dtype=torch.float32``."""
-    for n in _self_and_walk(expr):
-        if isinstance(n, cst.Call):
-            if cast_target(names, n) in UPCAST:
-                return True
-            if dtype_kwarg(names, n) in UPCAST:
-                return True
-    return False
-
-
-def has_downcast(names: Names, expr: cst.CSTNode) -> bool:
-    """A conversion to a non-float32 or unknown dtype (``.half()``, ``.to(x.dtype)``)."""
-    for n in _self_and_walk(expr):
-        if isinstance(n, cst.Call):
-            t = cast_target(names, n)
-            if t is not None and t not in UPCAST:
-                return True
-    return False
-
-
-def _self_and_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    yield from h.walk(node, enter_scopes=False)
-
+# -- dtype conversions: semantic.casts ------------------------------------------------------
 
 # -- a per-function index: order, parents, assignments ---------------------------------------
 

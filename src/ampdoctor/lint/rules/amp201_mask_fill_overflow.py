@@ -8,6 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # methods that keep the dtype of their receiver: `torch.ones(n, n).triu(1).masked_fill(...)`
@@ -32,6 +33,7 @@ class _Candidate:
     guarded: bool
     additive: bool = False
     cast: cst.Call | None = None  # `.to(x.dtype)` that turns the constant into the runtime dtype
+    scopes: tuple = ()  # the defs and classes around it
 
 
 class MaskFillOverflow(Rule):
@@ -74,7 +76,8 @@ class MaskFillOverflow(Rule):
             value = h.arg(node, 1, "value")
         if recv is None or value is None or h.has_star_args(node):
             return
-        self.candidates.append(_Candidate(node, recv, value, self._function(), self._dtype_guarded()))
+        self.candidates.append(_Candidate(node, recv, value, self._function(), self._dtype_guarded(),
+                                           scopes=self._scopes()))
 
     def _cast_of_constant(self, node: cst.Call) -> None:
         """``torch.where(m, 0, -1e10).to(x.dtype)``: a constant tensor cast to a dtype known at run time."""
@@ -91,7 +94,7 @@ class MaskFillOverflow(Rule):
         for a in inner.args:
             if isinstance(a.value, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Name, cst.Attribute)):
                 self.candidates.append(_Candidate(node, inner, a.value, self._function(), self._dtype_guarded(),
-                                                  cast=node))
+                                                  cast=node, scopes=self._scopes()))
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
         """Additive masks: `mask * -1e9`, `(1 - mask) * -1e9`, `-1e9 * mask`."""
@@ -101,8 +104,11 @@ class MaskFillOverflow(Rule):
             if isinstance(const, (cst.Integer, cst.Float, cst.UnaryOperation, cst.Name, cst.Attribute, cst.Call)) \
                     and any("mask" in n for n in h.names_in(other)) and not any("mask" in n for n in h.names_in(const)):
                 self.candidates.append(_Candidate(node, other, const, self._function(), self._dtype_guarded(),
-                                                  additive=True))
+                                                  additive=True, scopes=self._scopes()))
                 return
+
+    def _scopes(self) -> tuple:
+        return tuple(p for p in self.ctx.parents if isinstance(p, (cst.FunctionDef, cst.ClassDef)))
 
     def _function(self) -> cst.FunctionDef | None:
         scope = h.enclosing_scope(self.ctx)
@@ -142,9 +148,12 @@ class MaskFillOverflow(Rule):
             if c.additive and any(mu.is_upcast(names, n) for n in h.walk(c.recv, enter_scopes=True)):
                 continue  # `(1.0 - mask.float()) * -1e9` stays float32
             found.append((c, v))
-        if not found or mu.fp16_evidence(names, node) is None:
+        if not found:
             return
+        evidence = facts_of(self.ctx).evidence
         for c, v in found:
+            if evidence.fp16_for(list(c.scopes)) is None:
+                continue
             if c.cast is not None:
                 target = c.cast.args[0].value
                 dtype = _CODE.code_for_node(target) if dotted_name(target) else "dtype"

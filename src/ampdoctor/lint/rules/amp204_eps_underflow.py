@@ -8,6 +8,8 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import num_util as nu
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic import casts as conv
+from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
 
@@ -58,7 +60,6 @@ class EpsUnderflow(Rule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self.pure = False  # the file makes tensors or models float16 outside autocast
         self.autocast = False  # the file runs float16 autocast
         self.trains = False  # the file calls .backward() or builds an optimizer
         self.cands: list[_Candidate] = []
@@ -86,25 +87,6 @@ class EpsUnderflow(Rule):
                     or ac.dtype_expr is not None and h.mentions_dtype(names, ac.dtype_expr, "float16")):
                 self.autocast = True
             return
-        if self.pure:
-            return
-        # a use of float16 outside autocast: `.half()`, `.to(torch.float16)`, `dtype=torch.float16`,
-        # `torch_dtype=torch.float16`, `set_default_dtype(torch.float16)`; a check such as
-        # `x.dtype == torch.float16`, or a dtype stored in a variable or a table, does not count
-        if nu.cast_target(names, node) == "float16":
-            self.pure = True
-            return
-        if q in ("torch.set_default_dtype", "torch.set_default_tensor_type") and node.args:
-            a = node.args[0].value
-            if h.dtype_of(names, a) == "float16" or (names.qualified(a) or h.string_value(a) or "").endswith("HalfTensor"):
-                self.pure = True
-            return
-        for a in node.args:
-            if a.keyword is not None and a.keyword.value in ("torch_dtype", "dtype") and \
-                    h.dtype_of(names, a.value) == "float16":
-                self.pure = True
-                return
-
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self._cls_stack.append(node)
 
@@ -122,11 +104,17 @@ class EpsUnderflow(Rule):
 
     def leave_Module(self, node: cst.Module) -> None:
         self._scan(nu.FunctionIndex.build(node), None, None)
-        if not (self.pure or self.autocast) or not self.cands:
+        if not self.cands:
             return
+        evidence = facts_of(self.ctx).evidence
         self.module_consts = self._module_consts(node)
         for c in self.cands:
-            if c.pure_only and (not self.pure or self.autocast):
+            # float16 outside autocast: weights made float16, or a float16 switch in the configuration;
+            # a stray tensor cast counts only in the candidate's own function or class
+            pure = evidence.fp16_for([x for x in (c.cls, c.fn) if x is not None], ("cast", "config")) is not None
+            if not (pure or self.autocast):
+                continue
+            if c.pure_only and (not pure or self.autocast):
                 continue  # CUDA autocast computes this statistic in float32
             if c.eps is None and not self.trains:
                 continue  # the default eps: only an exact zero vector breaks, flagged in training code only
@@ -307,7 +295,7 @@ class EpsUnderflow(Rule):
     def _upcast(self, idx: nu.FunctionIndex, expr: cst.CSTNode, at: cst.CSTNode, depth: int) -> bool:
         """``expr`` is computed in float32 (or float64), directly or through local names."""
         names = self.ctx.names
-        if nu.has_upcast(names, expr) or self._not_torch(expr):
+        if conv.has_upcast(names, expr) or self._not_torch(expr):
             return True
         if depth >= 4:
             return False
@@ -331,7 +319,7 @@ class EpsUnderflow(Rule):
     def _autocast_fp32(self, idx: nu.FunctionIndex, expr: cst.CSTNode, at: cst.CSTNode, depth: int = 0) -> bool:
         """Under CUDA autocast ``expr`` comes out float32 (an op of the fp32 list, no cast back)."""
         names = self.ctx.names
-        if nu.has_downcast(names, expr):
+        if conv.has_downcast(names, expr):
             return False
         for n in [expr, *h.walk(expr)]:
             if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Power):

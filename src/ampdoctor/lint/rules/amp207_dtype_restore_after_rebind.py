@@ -7,6 +7,7 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # tensor methods / torch functions that keep a float32 input float32 (no autocast lowering)
@@ -103,17 +104,17 @@ class DtypeRestoreAfterRebind(Rule):
         chain = value
         casts = []
         while isinstance(chain, cst.Call) and isinstance(chain.func, cst.Attribute):
-            casts.append(nu.cast_target(names, chain))
+            casts.append(conv.cast_target(names, chain))
             chain = chain.func.value
         if isinstance(chain, cst.Name) and chain.value == x and casts:
             last = next((c for c in casts if c is not None), None)  # outermost conversion wins
-            if last in nu.UPCAST:
+            if last in conv.UPCAST:
                 return _Rebind(stmt, x, None)
             return None
         # promotion form: x = (x - mean) / torch.sqrt(var + eps) with mean computed in float32
         if not isinstance(value, cst.BinaryOperation):
             return None
-        if x not in nu.names_in_expr(value) or nu.has_downcast(names, value) or nu.has_upcast(names, value):
+        if x not in nu.names_in_expr(value) or conv.has_downcast(names, value) or conv.has_upcast(names, value):
             return None
         for n in nu.names_in_expr(value):
             if n == x:
@@ -128,13 +129,13 @@ class DtypeRestoreAfterRebind(Rule):
         names = self.ctx.names
         if not isinstance(value, cst.Call):
             return False
-        if nu.cast_target(names, value) in nu.UPCAST:
+        if conv.cast_target(names, value) in conv.UPCAST:
             return True
-        if nu.dtype_kwarg(names, value) in nu.UPCAST:
+        if conv.dtype_kwarg(names, value) in conv.UPCAST:
             # a reduction with dtype=torch.float32 over a dim (a 0-dim result would not promote)
             return h.arg(value, 0, "dim") is not None
         mc = h.method_call(value, *_KEEPS_DTYPE)
-        if mc is not None and nu.has_upcast(names, mc[0]):
+        if mc is not None and conv.has_upcast(names, mc[0]):
             return h.arg(value, 0, "dim") is not None or mc[1] not in ("mean", "sum", "var", "std", "amax", "amin")
         return False
 
@@ -210,7 +211,7 @@ class DtypeRestoreAfterRebind(Rule):
         for n in [v, *h.walk(v)]:
             if not isinstance(n, cst.Call):
                 continue
-            if nu.cast_target(names, n) is not None:
+            if conv.cast_target(names, n) is not None:
                 return False
             if not isinstance(n.func, cst.Attribute) or n.func.attr.value not in _KEEPS_DTYPE:
                 return False

@@ -7,6 +7,7 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
+from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
 
@@ -20,6 +21,7 @@ class _Softmax:
     call: cst.Call
     inp: cst.BaseExpression
     autocast: acs.Autocast | None  # the innermost autocast region around it, when enabled
+    scopes: tuple = ()  # the defs and classes around it
 
 
 @dataclass
@@ -61,7 +63,8 @@ class Fp16AttentionSoftmax(Rule):
             return
         regions = acs.enclosing_autocasts(self.ctx)
         ac = regions[0] if regions and regions[0].enabled is not False else None
-        self.softmaxes.setdefault(id(fn), []).append(_Softmax(node, inp, ac))
+        scopes = tuple(p for p in self.ctx.parents if isinstance(p, (cst.FunctionDef, cst.ClassDef)))
+        self.softmaxes.setdefault(id(fn), []).append(_Softmax(node, inp, ac, scopes))
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         sms = self.softmaxes.pop(id(node), None)
@@ -92,7 +95,7 @@ class Fp16AttentionSoftmax(Rule):
     def leave_Module(self, node: cst.Module) -> None:
         if not self.findings or self._uses_sdpa(node):
             return
-        evidence = None
+        evidence = facts_of(self.ctx).evidence
         for f in self.findings:
             if f.region is not None:
                 text = f.region if len(f.region) <= 40 else f.region.split("(", 1)[0] + "(...)"
@@ -100,9 +103,7 @@ class Fp16AttentionSoftmax(Rule):
                     "only the softmax is kept in float32 on CUDA"
                 self.report(f.sm.call, self.region_message.format(region=f"with {text}", softmax=softmax))
                 continue
-            if evidence is None:
-                evidence = mu.fp16_evidence(self.ctx.names, node) is not None
-            if evidence:
+            if evidence.fp16_for(list(f.sm.scopes)) is not None:
                 self.report(f.sm.call)
 
     def _precision_tested(self, fn: cst.FunctionDef) -> bool:

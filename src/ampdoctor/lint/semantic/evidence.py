@@ -1,0 +1,183 @@
+"""Low-precision evidence: is there reason to think this code computes in float16?
+
+One pass over the file collects every float16 fact with its strength and its scope:
+
+- strong, file-wide: a model or its weights made float16 (``model.half()``,
+  ``Net(...).to(torch.float16)``, ``from_pretrained(..., torch_dtype=torch.float16)``),
+  float16 autocast, an enabled GradScaler, ``set_default_dtype(torch.float16)``, a float16
+  switch in the configuration (``--fp16``, ``fp16=True``, ``precision="16-mixed"``).
+- weak, scoped: a stray mention, such as a tensor cast (``torch.randn(3).half()``), a
+  ``dtype=torch.float16`` factory or an ``fp16`` identifier; it counts only for code in the
+  same function or class.
+
+Numerics rules ask ``fp16_for(stack)`` with the ancestors of the node they judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint import tree
+from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic.autocast import autocast_call
+from ampdoctor.lint.semantic.casts import cast_target
+
+STRONG = 2
+WEAK = 1
+
+_HALF_QUALIFIED = {"torch.float16", "torch.half", "torch.cuda.HalfTensor", "torch.HalfTensor"}
+_FP16_STRINGS = {"fp16", "float16", "16-mixed", "16-true", "--fp16", "--half", "half"}
+_FACTORIES = {"torch.tensor", "torch.zeros", "torch.ones", "torch.full", "torch.empty", "torch.rand", "torch.randn",
+              "torch.randint", "torch.arange", "torch.linspace", "torch.eye", "torch.as_tensor", "torch.from_numpy",
+              "torch.zeros_like", "torch.ones_like", "torch.empty_like", "torch.randn_like", "torch.rand_like",
+              "torch.full_like", "torch.stack", "torch.cat"}
+_MODEL_WORDS = ("model", "net", "module", "encoder", "decoder", "unet", "vae", "transformer", "backbone", "generator",
+                "discriminator", "critic", "actor", "policy", "teacher", "student", "pipe", "pipeline", "llm",
+                "classifier", "detector", "embed", "layer", "block", "head")
+_MODEL_NAMES = {"g", "d", "netg", "netd", "m"}
+_FLAG_KEYWORDS = {"fp16", "half", "use_fp16", "use_half", "fp16_enabled", "amp_fp16"}
+
+
+@dataclass
+class Fact:
+    node: cst.CSTNode
+    text: str
+    strength: int
+    scope: int  # id of the innermost def/class around it, 0 at module level
+    kind: str  # "cast" (weights or tensors made float16), "autocast", "scaler", "config", "mention"
+
+
+def _code(node: cst.CSTNode) -> str:
+    return " ".join(cst.Module([]).code_for_node(node).split())
+
+
+class Evidence:
+    def __init__(self, module: cst.Module, names: Names) -> None:
+        self.names = names
+        self.facts: list[Fact] = []
+        self._walk(module)
+
+    def fp16_for(self, stack: list[cst.CSTNode], kinds: tuple[str, ...] | None = None) -> Fact | None:
+        """The float16 evidence (of ``kinds``, default all) that applies to the last node of
+        ``stack`` (its ancestors): strong evidence anywhere, else weak evidence in an enclosing
+        def or class."""
+        facts = [f for f in self.facts if kinds is None or f.kind in kinds]
+        strong = next((f for f in facts if f.strength == STRONG), None)
+        if strong is not None:
+            return strong
+        scopes = {id(p) for p in stack if isinstance(p, (cst.FunctionDef, cst.ClassDef))}
+        return next((f for f in facts if f.scope in scopes), None)
+
+    # -- collection --------------------------------------------------------------------
+    def _add(self, node: cst.CSTNode, strength: int, scope: int, kind: str) -> None:
+        self.facts.append(Fact(node, _code(node)[:60], strength, scope, kind))
+
+    def _walk(self, module: cst.Module) -> None:
+        stack: list[tuple[cst.CSTNode, int]] = [(module, 0)]
+        while stack:
+            node, scope = stack.pop()
+            inner = id(node) if isinstance(node, (cst.FunctionDef, cst.ClassDef)) else scope
+            self._judge(node, scope)
+            kids = tree.children(node)
+            for i in range(len(kids) - 1, -1, -1):
+                stack.append((kids[i], inner))
+
+    def _judge(self, n: cst.CSTNode, scope: int) -> None:
+        names = self.names
+        t = type(n)
+        if t is cst.Call:
+            q = names.qualified(n.func) or ""
+            ac = autocast_call(names, n)
+            if ac is not None:
+                if ac.enabled is not False and (ac.dtype == "float16" or
+                                                (ac.dtype_expr is None and ac.device in ("cuda", None))):
+                    self._add(n, STRONG, scope, "autocast")
+                return
+            if voc.is_grad_scaler_name(q):
+                en = h.arg(n, None, "enabled")
+                if not (isinstance(en, cst.Name) and en.value == "False"):
+                    self._add(n, STRONG, scope, "scaler")
+                return
+            if q in ("torch.set_default_dtype", "torch.set_default_tensor_type") and n.args:
+                a = n.args[0].value
+                if h.dtype_of(names, a) == "float16" or (names.qualified(a) or "").endswith("HalfTensor"):
+                    self._add(n, STRONG, scope, "cast")
+                return
+            if cast_target(names, n) == "float16":
+                self._add(n, STRONG if self._model_receiver(n.func.value) else WEAK, scope, "cast")  # type: ignore[attr-defined]
+                return
+            mc = h.method_call(n, "add_argument")
+            if mc is not None:
+                opts = [(h.string_value(a.value) or "").lstrip("-").replace("-", "_").lower()
+                        for a in n.args if a.keyword is None]
+                if any(o in _FLAG_KEYWORDS for o in opts):
+                    self._add(n, STRONG, scope, "config")
+                return
+            for a in n.args:
+                if a.keyword is None:
+                    continue
+                k = a.keyword.value
+                if k in ("torch_dtype", "dtype") and self._maybe_fp16(a.value):
+                    strong = k == "torch_dtype" or q.rsplit(".", 1)[-1] == "from_pretrained"
+                    self._add(n, STRONG if strong and q not in _FACTORIES else WEAK, scope, "cast")
+                    return
+                if k in _FLAG_KEYWORDS and isinstance(a.value, cst.Name) and a.value.value == "True":
+                    self._add(n, STRONG, scope, "config")
+                    return
+                if k in ("precision", "mixed_precision"):
+                    v = (h.string_value(a.value) or "").lower()
+                    if v in _FP16_STRINGS or h.number_value(a.value) == 16:
+                        self._add(n, STRONG, scope, "config")
+                        return
+        elif t is cst.Assign:
+            for target in n.targets:
+                last = (dotted_name(target.target) or "").rsplit(".", 1)[-1].lower()
+                if last in _FLAG_KEYWORDS and isinstance(n.value, cst.Name) and n.value.value == "True":
+                    self._add(n, STRONG, scope, "config")
+        elif t is cst.Attribute:
+            if names.qualified(n) in _HALF_QUALIFIED or "fp16" in n.attr.value.lower():
+                self._add(n, WEAK, scope, "mention")
+        elif t is cst.Name:
+            if "fp16" in n.value.lower() or names.qualified(n) in _HALF_QUALIFIED:
+                self._add(n, WEAK, scope, "mention")
+        elif t is cst.SimpleString:
+            v = (h.string_value(n) or "").lower()
+            if v in _FP16_STRINGS - {"half"}:
+                self._add(n, WEAK, scope, "mention")
+
+    def _maybe_fp16(self, value: cst.BaseExpression) -> bool:
+        if h.dtype_of(self.names, value) == "float16":
+            return True
+        if isinstance(value, cst.IfExp):
+            return self._maybe_fp16(value.body) or self._maybe_fp16(value.orelse)
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            return False
+        return any(h.dtype_of(self.names, m) == "float16" for m in h.walk(value) if isinstance(m, (cst.Name, cst.Attribute)))
+
+    def _model_receiver(self, recv: cst.BaseExpression) -> bool:
+        """``model``, ``self.unet``, ``Net(...).cuda()``: a model, not a tensor."""
+        while isinstance(recv, cst.Call) and isinstance(recv.func, cst.Attribute):
+            if recv.func.attr.value in ("cuda", "to", "cpu", "eval", "train", "float", "requires_grad_"):
+                recv = recv.func.value
+            else:
+                break
+        if isinstance(recv, cst.Call):
+            q = self.names.qualified(recv.func) or ""
+            if q in _FACTORIES or q.startswith(("torch.", "np.", "numpy.")):
+                return q.startswith("torch.nn.")
+            last = q.rsplit(".", 1)[-1]
+            return last[:1].isupper() or last == "from_pretrained"
+        d = dotted_name(recv)
+        if d is None:
+            return False
+        made = self.names.made_by(recv) or ""
+        if made in _FACTORIES:
+            return False
+        if made.rsplit(".", 1)[-1][:1].isupper() or made.rsplit(".", 1)[-1] == "from_pretrained":
+            return True
+        last = d.rsplit(".", 1)[-1].lower()
+        return d == "self" or last in _MODEL_NAMES or any(w in last for w in _MODEL_WORDS)
