@@ -15,7 +15,7 @@ from ampdoctor.lint import tree as _tree
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
-from ampdoctor.lint.semantic.casts import _self_and_walk, cast_target, dtype_kwarg, has_upcast
+from ampdoctor.lint.semantic.casts import _self_and_walk, cast_target, dtype_kwarg, has_upcast, possible_dtypes
 from ampdoctor.lint.rule import Context, Rule
 from ampdoctor.lint.semantic import vocabulary as voc
 
@@ -432,6 +432,7 @@ class Fp16ModelTracker:
         self.master_weights = False
         self.scaler = False
         self._n = 0
+        self.dtype_vars: dict[tuple[int, str], set[str]] = {}  # (scope, name) -> dtypes it may hold
 
     def _order(self) -> int:
         self._n += 1
@@ -461,6 +462,8 @@ class Fp16ModelTracker:
                         else (names.qualified(a) or h.string_value(a) or "").endswith("HalfTensor"))
                 fn_scope, _ = scope_keys(ctx)
                 self.default_sets.append(DefaultDtypeSet(node, fp16, fn_scope, self._order(), self._in_try_finally()))
+            if last == "from_pretrained":
+                self._loaded_in_fp16(node)
             if is_optimizer_class(q):
                 params = optimizer_params_arg(node)
                 recv: list[str] = []
@@ -485,6 +488,26 @@ class Fp16ModelTracker:
         self.conversions.append(Conversion(node, targets, fp16, fn_scope, cls_scope, self._order(),
                                            h.branch_path(ctx)))
 
+    def _loaded_in_fp16(self, call: cst.Call) -> None:
+        """``model = X.from_pretrained(..., torch_dtype=torch.float16)`` (or a dtype variable that
+        may be float16): the weights are float16 as loaded."""
+        value = h.arg(call, None, "torch_dtype") or h.arg(call, None, "dtype")
+        if value is None:
+            return
+        fn_scope, cls_scope = scope_keys(self.ctx)
+        dts = possible_dtypes(self.ctx.names, value)
+        if isinstance(value, cst.Name):
+            dts |= self.dtype_vars.get((fn_scope, value.value), set())
+        if "float16" not in dts:
+            return
+        stack = self.ctx.parents
+        parent = stack[-2] if len(stack) >= 2 else None
+        if isinstance(parent, cst.Assign) and parent.value is call and len(parent.targets) == 1:
+            d = dotted_name(parent.targets[0].target)
+            if d is not None:
+                self.conversions.append(Conversion(call, [d], True, fn_scope, cls_scope, self._order(),
+                                                   h.branch_path(self.ctx)))
+
     def _in_try_finally(self) -> bool:
         stack = self.ctx.parents
         for i in range(len(stack) - 2, -1, -1):
@@ -498,8 +521,10 @@ class Fp16ModelTracker:
     def leave_Assign(self, node: cst.Assign) -> None:
         fn_scope, _ = scope_keys(self.ctx)
         fp16 = is_fp16_leaf(self.ctx.names, node.value)
+        dts = possible_dtypes(self.ctx.names, node.value)
         for t in node.targets:
             if isinstance(t.target, cst.Name):
+                self.dtype_vars[(fn_scope, t.target.value)] = dts
                 if fp16:
                     self.fp16_tensors.add((fn_scope, t.target.value))
                 else:

@@ -8,6 +8,8 @@ from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic import branches
+from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.semantic import vocabulary as voc
 
 # identifiers that show the loss is scaled some other way (GradScaler, apex `amp.scale_loss`,
@@ -85,6 +87,9 @@ class Fp16AutocastNoScaler(Rule):
         if ac.enabled is False or h.has_star_args(ac.call):
             return False
         if ac.dtype_expr is None:
+            if branches.bf16_arm(self.ctx) is not None or \
+                    facts_of(self.ctx).evidence.bf16_cast_in(self.ctx.parents):
+                return False  # meant to be bf16: AMP301 reports the missing dtype
             # a device variable (`autocast(device.type)`) is fp16 on CUDA: kept when the file uses CUDA
             return ac.device in ("cuda", None)
         return ac.dtype == "float16" and ac.device != "cpu"

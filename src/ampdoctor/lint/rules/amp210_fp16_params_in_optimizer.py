@@ -15,9 +15,10 @@ class Fp16ParamsInOptimizer(nu.Fp16ModelRule):
     message = ("`{conv}` makes the parameters that `{opt}` trains float16, with no float32 master copy: "
                "updates smaller than 1/2048 of a weight round away{scaler}. Keep the model in float32 and "
                "run the forward pass under `torch.autocast` (with a GradScaler for float16).")
-    words = (b".half", b"float16")
+    words = (b".half", b"float16", b"from_pretrained")
     also = (b"optim", b"GradScaler", b"Adam", b"SGD")
-    summary = "Model converted with `.half()`/`.to(torch.float16)` and then trained by an optimizer."
+    summary = ("Model converted with `.half()`/`.to(torch.float16)` or loaded with `torch_dtype=torch.float16`, "
+               "then trained by an optimizer.")
 
     def leave_Module(self, node: cst.Module) -> None:
         done: set[int] = set()

@@ -30,6 +30,17 @@ def _is_setter_fp16(names, call: cst.Call, q: str) -> bool:
     return names.qualified(a) in _HALF_TYPES or h.string_value(a) in _HALF_TYPES
 
 
+def _teardown(names, fn: cst.FunctionDef) -> bool:
+    """A pytest fixture (a generator or ``@pytest.fixture``) or a unittest/pytest teardown."""
+    name = fn.name.value
+    if name.lower().startswith(("teardown", "tear_down")) or name in ("tearDown", "tearDownClass"):
+        return True
+    if any("fixture" in (names.qualified(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "")
+           for d in fn.decorators):
+        return True
+    return any(isinstance(n, (cst.Yield,)) for n in h.walk(fn.body))
+
+
 class DefaultDtypeFp16(Rule):
     """``torch.set_default_dtype(torch.float16)`` left in effect."""
 
@@ -45,15 +56,24 @@ class DefaultDtypeFp16(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.sets: list[_Set] = []
+        self.teardown_restores = False  # a fixture or teardown sets the default back after each test
+        self.trains = False  # the file runs backward or steps an optimizer
+        self.in_test: set[int] = set()  # ids of sets made inside a test function
 
     def visit_Call(self, node: cst.Call) -> None:
         q = self.ctx.names.qualified(node.func)
         if q not in _SETTERS:
+            if h.method_call(node, "backward", "step"):
+                self.trains = True
             return
         fp16 = _is_setter_fp16(self.ctx.names, node, q)
         if fp16 and self._restored_by_finally():
             return
         scope = next((p for p in self.ctx.ancestors() if isinstance(p, h.SCOPES)), None)
+        if not fp16 and isinstance(scope, cst.FunctionDef) and _teardown(self.ctx.names, scope):
+            self.teardown_restores = True
+        if isinstance(scope, cst.FunctionDef) and scope.name.value.startswith("test"):
+            self.in_test.add(id(node))
         self.sets.append(_Set(node, fp16, id(scope), len(self.sets), h.branch_path(self.ctx)))
 
     def _restored_by_finally(self) -> bool:
@@ -69,9 +89,13 @@ class DefaultDtypeFp16(Rule):
         return False
 
     def leave_Module(self, node: cst.Module) -> None:
+        if self.teardown_restores:
+            return  # tests that set float16 are undone by the file's fixture/teardown
         for s in self.sets:
             if not s.fp16:
                 continue
+            if id(s.node) in self.in_test and not self.trains:
+                continue  # a test that only runs a model in float16: nothing trains afterwards
             # a later call in the same function that sets another dtype restores it (scoped use)
             if any(o.scope == s.scope and o.order > s.order and not o.fp16 and not h.exclusive(o.branches, s.branches)
                    for o in self.sets):

@@ -12,6 +12,7 @@ from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
 from ampdoctor.lint.semantic import branches
+from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.semantic import vocabulary as voc
 
 # names of settings that choose the training precision
@@ -83,7 +84,7 @@ class AutocastImplicitFp16(Rule):
         if d is None or value is None:
             return
         last = d.rsplit(".", 1)[-1].lower()
-        if _SETTING.search(last) and "bfloat16" in u.possible_dtypes(self.ctx.names, value) \
+        if _SETTING.search(last) and "bfloat16" in conv.possible_dtypes(self.ctx.names, value) \
                 or voc.is_bf16_flag(target) and u.is_literal(value, True):
             sep = "=" if isinstance(target, cst.Name) and isinstance(self.ctx.parents[-1], cst.Param) else " = "
             self._config(f"`{d}{sep}{u.short(value, 40)}`")
@@ -130,7 +131,7 @@ class AutocastImplicitFp16(Rule):
             if a.keyword is None:
                 continue
             k = a.keyword.value
-            if k in _KEYWORDS and "bfloat16" in u.possible_dtypes(names, a.value) \
+            if k in _KEYWORDS and "bfloat16" in conv.possible_dtypes(names, a.value) \
                     or voc.is_bf16_flag(a.keyword) and u.is_literal(a.value, True):
                 self._config(f"`{k}={u.short(a.value, 40)}`")
 
@@ -143,7 +144,7 @@ class AutocastImplicitFp16(Rule):
             return
         default = h.arg(call, None, "default")
         if any(_SETTING.search(o) for o in opts):
-            if "bfloat16" in u.possible_dtypes(self.ctx.names, default):
+            if "bfloat16" in conv.possible_dtypes(self.ctx.names, default):
                 self._config(f"`{raw[-1]}` defaults to `{u.short(default, 30)}`")
         elif any(voc.is_bf16_flag(cst.Name(o)) for o in opts if o.isidentifier()):
             self._config(f"the `{raw[-1]}` option")

@@ -84,3 +84,26 @@ def _self_and_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     yield from h.walk(node, enter_scopes=False)
 
 
+def possible_dtypes(names: Names, expr: cst.CSTNode | None) -> set[str]:
+    """The dtypes a configuration value can take, as far as literals tell: ``"bfloat16"``,
+    ``torch.bfloat16 if x else torch.float16``, ``{"bf16": torch.bfloat16, ...}["bf16"]``.
+    A mapping subscripted by a variable tells nothing (its keys are choices, not a choice)."""
+    if expr is None:
+        return set()
+    d = h.dtype_of(names, expr)
+    if d is not None:
+        return {d}
+    if isinstance(expr, cst.IfExp):
+        return possible_dtypes(names, expr.body) | possible_dtypes(names, expr.orelse)
+    if isinstance(expr, cst.BooleanOperation):  # `args.dtype or "bfloat16"`
+        return possible_dtypes(names, expr.left) | possible_dtypes(names, expr.right)
+    if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Dict) and len(expr.slice) == 1:
+        sl = expr.slice[0].slice
+        key = h.string_value(sl.value) if isinstance(sl, cst.Index) else None
+        if key is None:
+            return set()
+        for el in expr.value.elements:
+            if isinstance(el, cst.DictElement) and h.string_value(el.key) == key:
+                return possible_dtypes(names, el.value)
+        return set()
+    return set()

@@ -59,6 +59,7 @@ class Evidence:
     def __init__(self, module: cst.Module, names: Names) -> None:
         self.names = names
         self.facts: list[Fact] = []
+        self.bf16_casts: set[int] = set()  # scopes (def/class ids, 0 for module level) that cast to bfloat16
         self._walk(module)
 
     def fp16_for(self, stack: list[cst.CSTNode], kinds: tuple[str, ...] | None = None) -> Fact | None:
@@ -71,6 +72,14 @@ class Evidence:
             return strong
         scopes = {id(p) for p in stack if isinstance(p, (cst.FunctionDef, cst.ClassDef))}
         return next((f for f in facts if f.scope in scopes), None)
+
+    def bf16_cast_in(self, stack: list[cst.CSTNode]) -> bool:
+        """The innermost def around the last node of ``stack`` casts something to bfloat16
+        (``model.to(torch.bfloat16)``, ``x.bfloat16()``): that code is configured for bf16."""
+        for p in reversed(stack):
+            if isinstance(p, cst.FunctionDef):
+                return id(p) in self.bf16_casts
+        return 0 in self.bf16_casts
 
     # -- collection --------------------------------------------------------------------
     def _add(self, node: cst.CSTNode, strength: int, scope: int, kind: str) -> None:
@@ -107,7 +116,10 @@ class Evidence:
                 if h.dtype_of(names, a) == "float16" or (names.qualified(a) or "").endswith("HalfTensor"):
                     self._add(n, STRONG, scope, "cast")
                 return
-            if cast_target(names, n) == "float16":
+            target = cast_target(names, n)
+            if target == "bfloat16":
+                self.bf16_casts.add(scope)
+            if target == "float16":
                 self._add(n, STRONG if self._model_receiver(n.func.value) else WEAK, scope, "cast")  # type: ignore[attr-defined]
                 return
             mc = h.method_call(n, "add_argument")
