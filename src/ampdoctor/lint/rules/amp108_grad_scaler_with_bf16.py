@@ -9,6 +9,9 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import setup_util as u
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic import branches
+from ampdoctor.lint.semantic import casts as conv
+from ampdoctor.lint.semantic import vocabulary as voc
 
 
 @dataclass
@@ -17,6 +20,7 @@ class _Scaler:
     enabled: cst.BaseExpression | None
     bf16_enabled: bool  # `enabled=` is true because the run is bf16
     conditional: bool  # created under a branch about the precision
+    bf16_param: str | None = None  # the function building it accepts a bf16 precision
 
 
 class GradScalerWithBf16(Rule):
@@ -31,6 +35,9 @@ class GradScalerWithBf16(Rule):
     all_bf16_message = ("Every autocast region in this file runs in bfloat16, which needs no loss scaling, "
                         "yet this GradScaler is always enabled: it adds an unscale and an inf check to every "
                         "step and can skip steps. Drop it, or create it with `enabled=False` for bf16.")
+    param_message = ("This GradScaler is always enabled, although this code accepts a bfloat16 precision "
+                     "(`{p}`): for bf16 it adds an unscale and an inf check to every step and can skip steps. "
+                     "Create it with `enabled=` true for float16 only.")
     fix_title = "Enable the GradScaler for float16 only"
     fix_availability = "safe"
     words = (b"GradScaler",)
@@ -54,7 +61,25 @@ class GradScalerWithBf16(Rule):
         self.scalers.append(_Scaler(
             node, enabled,
             enabled is not None and u.enables_for_bf16(names, enabled),
-            u.in_precision_branch(self.ctx)))
+            u.in_precision_branch(self.ctx), self._bf16_parameter()))
+
+    def _bf16_parameter(self) -> str | None:
+        """``precision="bf16"`` (or a dtype parameter the function turns into bfloat16) among the
+        parameters of the function that builds the scaler: that code is meant to run bf16 too."""
+        fn = next((p for p in self.ctx.ancestors() if isinstance(p, cst.FunctionDef)), None)
+        if fn is None:
+            return None
+        names = self.ctx.names
+        for p in (*fn.params.params, *fn.params.kwonly_params):
+            words = voc.words(p.name.value)
+            if not ({"precision", "dtype", "amp", "mixed"} & set(words)):
+                continue
+            if p.default is not None and "bfloat16" in conv.possible_dtypes(names, p.default):
+                return f"{p.name.value}={u.short(p.default, 20)}"
+            for n in h.walk(fn.body):
+                if isinstance(n, cst.Comparison) and p.name.value in h.names_in(n) and branches.selects_bf16(names, n):
+                    return p.name.value
+        return None
 
     def leave_Module(self, node: cst.Module) -> None:
         acs = self.autocasts
@@ -72,5 +97,8 @@ class GradScalerWithBf16(Rule):
                     if new is not None:
                         fix = FixSpec(((s.enabled, new),), safe=True, title=self.fix_title)
                 self.report(s.call, self.message.format(e=u.short(s.enabled)), fix)
+            elif s.bf16_param is not None and not s.conditional and \
+                    (s.enabled is None or u.is_literal(s.enabled, True)):
+                self.report(s.call, self.param_message.format(p=s.bf16_param))
             elif all_bf16 and not s.conditional and (s.enabled is None or u.is_literal(s.enabled, True)):
                 self.report(s.call, self.all_bf16_message)

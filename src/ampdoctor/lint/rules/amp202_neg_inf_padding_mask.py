@@ -17,6 +17,8 @@ _CAUSAL = ("causal", "tril", "triu", "future", "subsequent", "look_ahead", "look
            "upper", "lower", "diag", "window", "sliding", "band", "chunk", "local")
 # a mask built from these marks padding: a sequence that is all padding masks a whole row
 _PADDING = ("pad", "valid")
+# a mask over image pixels or patches: padding added to fit the batch never covers a whole image
+_IMAGE = ("img", "image", "pixel", "spatial", "patch")
 
 
 @dataclass
@@ -200,6 +202,8 @@ class NegInfPaddingMask(Rule):
                     todo.append((b.value, b.start, depth + 1))
         if not provenance:
             return False
+        if "flatten" in all_words or any(any(w in word for w in _IMAGE) for word in all_words):
+            return False  # an image padding mask (flattened H x W): every image keeps its own pixels
         if any(any(p in w for p in _PADDING) or w.endswith(("lengths", "lens")) for w in data_words):
             return True
         text = " ".join(all_words)
