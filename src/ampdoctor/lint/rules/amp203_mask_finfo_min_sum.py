@@ -7,6 +7,7 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic.facts import facts_of
 
 # results that cannot carry finfo.min on: booleans, bounded values, sizes
 _STOP_METHODS = {"eq", "ne", "lt", "le", "gt", "ge", "bool", "isinf", "isneginf", "isposinf", "isnan", "isfinite",
@@ -32,15 +33,23 @@ class MaskFinfoMinSum(Rule):
     words = (b"finfo",)
     summary = "Two additive masks built from `torch.finfo(dtype).min` added together: the sum overflows to -inf."
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self._returns: dict[int, bool] = {}  # id(FunctionDef) -> whether it can return finfo.min
+
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         names = self.ctx.names
-        flow = None
-        for n in h.walk(node.body):
-            if mu.is_finfo_min(names, n):
-                flow = mu.FunctionFlow.of(node)
-                break
-        if flow is None:
+        calls = facts_of(self.ctx).calls
+        if not any(mu.is_finfo_min(names, n) or (isinstance(n, cst.Call) and calls.callee(n) is not None)
+                   for n in h.walk(node.body)):
             return
+        for n, in self._sums(node):
+            self.report(n)
+
+    def _sums(self, node: cst.FunctionDef, returns: bool = False):
+        """The sums in ``node`` whose both sides can hold finfo.min (as 1-tuples); with ``returns``,
+        instead whether one of its ``return`` values can."""
+        flow = mu.FunctionFlow.of(node)
         holds: dict[int, bool] = {}  # id(binding) -> whether its value can hold finfo.min
 
         def binding_holds(name: str, at: int) -> bool:
@@ -56,17 +65,30 @@ class MaskFinfoMinSum(Rule):
                 holds[key] = value
             return holds[key]
 
+        if returns:
+            return any(isinstance(n, cst.Return) and n.value is not None and
+                       self._holds(n.value, flow, flow.pos(n), binding_holds) for n in flow.nodes)
+        out = []
         for n in flow.nodes:
             if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add):
                 at = flow.pos(n)
                 if self._holds(n.left, flow, at, binding_holds) and self._holds(n.right, flow, at, binding_holds) \
                         and not self._clamped(n, flow):
-                    self.report(n)
+                    out.append((n,))
             elif isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign):
                 at = flow.pos(n)
                 if self._holds(n.target, flow, at, binding_holds) and self._holds(n.value, flow, at, binding_holds) \
                         and not self._clamped(n, flow):
-                    self.report(n)
+                    out.append((n,))
+        return out
+
+    def _returns_min(self, fn: cst.FunctionDef) -> bool:
+        """An in-file helper that can return finfo.min (``causal_mask(n, dtype)``)."""
+        key = id(fn)
+        if key not in self._returns:
+            self._returns[key] = False  # recursion ends here
+            self._returns[key] = bool(self._sums(fn, returns=True))
+        return self._returns[key]
 
     def _holds(self, expr: cst.CSTNode, flow: mu.FunctionFlow, at: int, binding_holds) -> bool:
         names = self.ctx.names
@@ -102,7 +124,10 @@ class MaskFinfoMinSum(Rule):
                     return True
                 if last in _VALUE_METHODS:
                     return any(self._holds(a.value, flow, at, binding_holds) for a in expr.args)
-            return False  # any other callable: a module, a loss, a helper
+            callee = facts_of(self.ctx).calls.callee(expr)
+            if callee is not None:
+                return self._returns_min(callee.node)  # a helper of this file that builds a mask
+            return False  # any other callable: a module, a loss, a helper of another file
         if isinstance(expr, cst.BinaryOperation):
             if isinstance(expr.operator, (cst.BitAnd, cst.BitOr, cst.BitXor, cst.FloorDivide, cst.Modulo)):
                 return False

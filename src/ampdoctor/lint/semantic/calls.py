@@ -56,7 +56,9 @@ class CallGraph:
         self.sites: list[CallSite] = []
         self._pending: list[tuple[CallSite, Klass | None]] = []
         self._walk(module)
+        self._by_call: dict[int, CallSite] = {}
         for site, klass in self._pending:
+            self._by_call[id(site.call)] = site
             site.callee = self._resolve(site.call, klass)
             if site.callee is not None:
                 site.callee.sites.append(site)
@@ -164,6 +166,11 @@ class CallGraph:
     # -- queries -------------------------------------------------------------------------
     def function(self, node: cst.FunctionDef) -> Function | None:
         return self.functions.get(id(node))
+
+    def callee(self, call: cst.Call) -> Function | None:
+        """The function of this file that ``call`` runs, when the graph resolves it."""
+        site = self._by_call.get(id(call))
+        return site.callee if site is not None else None
 
     def base_method(self, fn: Function) -> Function | None:
         """The in-file base-class method that ``fn`` overrides."""
