@@ -56,8 +56,9 @@ def _code(node: cst.CSTNode) -> str:
 
 
 class Evidence:
-    def __init__(self, module: cst.Module, names: Names) -> None:
-        self.names = names
+    def __init__(self, module: cst.Module, calls) -> None:
+        self.calls = calls  # semantic.calls.CallGraph
+        self.names: Names = calls.names
         self.facts: list[Fact] = []
         self.bf16_casts: set[int] = set()  # scopes (def/class ids, 0 for module level) that cast to bfloat16
         self._walk(module)
@@ -71,7 +72,28 @@ class Evidence:
         if strong is not None:
             return strong
         scopes = {id(p) for p in stack if isinstance(p, (cst.FunctionDef, cst.ClassDef))}
+        fn = next((p for p in reversed(stack) if isinstance(p, cst.FunctionDef)), None)
+        if fn is not None:
+            scopes |= self._callers(fn)
         return next((f for f in facts if f.scope in scopes), None)
+
+    def _callers(self, fn: cst.FunctionDef, depth: int = 2) -> set[int]:
+        """Scopes that call ``fn`` in this file (0 for module-level code), up to ``depth`` calls up:
+        data made float16 there reaches it."""
+        out: set[int] = set()
+        todo = [(fn, 0)]
+        while todo:
+            node, d = todo.pop()
+            info = self.calls.function(node)
+            if info is None or d >= depth:
+                continue
+            for site in info.sites:
+                if site.caller is None:
+                    out.add(0)
+                elif id(site.caller.node) not in out:
+                    out.add(id(site.caller.node))
+                    todo.append((site.caller.node, d + 1))
+        return out
 
     def bf16_cast_in(self, stack: list[cst.CSTNode]) -> bool:
         """The innermost def around the last node of ``stack`` casts something to bfloat16

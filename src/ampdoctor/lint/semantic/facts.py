@@ -26,7 +26,7 @@ class FileFacts:
         if self._evidence is None:
             from ampdoctor.lint.semantic.evidence import Evidence
 
-            self._evidence = Evidence(self.module, self.calls.names)
+            self._evidence = Evidence(self.module, self.calls)
         return self._evidence
 
 

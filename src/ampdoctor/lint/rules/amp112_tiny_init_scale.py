@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import math
+
+import libcst as cst
+
+from ampdoctor.diagnostics import Severity
+from ampdoctor.lint import helpers as h
+from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import vocabulary as voc
+
+DEFAULT_SCALE = 2.0 ** 16
+# clean steps after which a scaler that starts low still has not reached the default scale
+SLOW_STEPS = 20_000
+_SUBNORMAL = 6e-8  # the smallest positive float16
+
+
+class TinyInitScale(Rule):
+    """``GradScaler(init_scale=2.0)`` whose scale needs tens of thousands of steps to grow."""
+
+    code = "AMP112"
+    name = "tiny-init-scale"
+    severity = Severity.WARNING
+    message = ("`init_scale={init}` with growth every {interval} steps by {growth}x needs {doublings} growths = "
+               "{steps:,} clean steps to reach the default scale of 65536; until then float16 gradients below "
+               "about {floor} (not {default_floor}) underflow to 0. Start at the default (2**16) and let the scaler back off, or use "
+               "a short `growth_interval`.")
+    fix_availability = "suggestion"
+    words = (b"init_scale",)
+    summary = "A `GradScaler` whose small `init_scale` and long `growth_interval` keep the scale low for many steps."
+
+    def visit_Call(self, node: cst.Call) -> None:
+        q = self.ctx.names.qualified(node.func) or ""
+        if not voc.is_grad_scaler_name(q) or h.has_star_args(node):
+            return
+        generic = not q.startswith(("torch.cuda.", "torch.cpu."))
+        off = 1 if generic else 0  # torch.amp.GradScaler(device, init_scale, growth_factor, backoff, interval, enabled)
+        enabled = h.arg(node, off + 4, "enabled")
+        if isinstance(enabled, cst.Name) and enabled.value == "False":
+            return
+        init = h.number_value(h.arg(node, off, "init_scale"))
+        if init is None or init <= 0 or init >= DEFAULT_SCALE:
+            return
+        growth = h.number_value(h.arg(node, off + 1, "growth_factor"))
+        growth = 2.0 if growth is None else growth
+        interval = h.number_value(h.arg(node, off + 3, "growth_interval"))
+        interval = 2000 if interval is None else interval
+        if growth <= 1 or interval <= 0:
+            return
+        doublings = math.ceil(math.log(DEFAULT_SCALE / init) / math.log(growth))
+        steps = int(doublings * interval)
+        if steps <= SLOW_STEPS:
+            return
+        self.report(node, self.message.format(init=f"{init:g}", interval=int(interval), growth=f"{growth:g}",
+                                              doublings=doublings, steps=steps, floor=f"{_SUBNORMAL / init:.0e}",
+                                              default_floor=f"{_SUBNORMAL / DEFAULT_SCALE:.0e}"))
