@@ -24,7 +24,6 @@ from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionPr
 
 from ampdoctor.diagnostics import Applicability, Diagnostic, Edit, Fix
 from ampdoctor.lint import suppress, tree
-from ampdoctor.lint.num_util import FunctionIndex
 from ampdoctor.lint.registry import (
     INTERNAL_ERROR,
     READ_ERROR,
@@ -541,8 +540,6 @@ def lint_bytes(path: str, data: bytes, settings: Settings) -> FileResult:
         result.diagnostics = [_diag_at(path, INTERNAL_ERROR, 1, 1, f"internal error ({type(exc).__name__}: {exc})")]
         result.fixed = None
         return result
-    finally:
-        FunctionIndex.forget()  # the indexes hold the file's nodes
     return _lint_deep(path, data, settings)
 
 

@@ -8,14 +8,13 @@ in source order.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Iterator
 
 import libcst as cst
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import tree
 from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.semantic.flow import FunctionFlow
 
 FP16_MAX = 65504.0
 
@@ -72,12 +71,12 @@ def module_constants(module: cst.Module, names: Names) -> dict[str, float]:
     return out
 
 
-def local_constants(names: Names, flow: "FunctionFlow", module_consts: dict[str, float], at: int,
+def local_constants(names: Names, flow: FunctionFlow, module_consts: dict[str, float], at: int,
                     guard_words: tuple[str, ...] = ()) -> dict[str, float]:
     """The constants visible at preorder index ``at`` of a function: module constants not
     shadowed there, plus locals bound exactly once to a constant before ``at`` (outside any
     ``if`` whose test mentions one of ``guard_words``)."""
-    local_names = flow.params | {b.name for b in flow.bindings}
+    local_names = set(flow.params) | {b.name for b in flow.bindings}
     out = {k: v for k, v in module_consts.items() if k not in local_names}
     counts: dict[str, int] = {}
     for b in flow.bindings:
@@ -181,106 +180,6 @@ def is_finfo_min(names: Names, node: cst.CSTNode) -> bool:
 
 
 # -- function-level data flow -----------------------------------------------------------
-
-@dataclass
-class Binding:
-    name: str
-    value: cst.BaseExpression | None  # None for bindings this module cannot follow
-    start: int  # preorder index of the statement
-    end: int  # last preorder index inside it: the binding is visible after this
-    aug: bool = False  # `x += y` style
-
-
-@dataclass
-class FunctionFlow:
-    """Source-ordered view of one function body (nested defs excluded)."""
-
-    fn: cst.FunctionDef
-    order: dict[int, int] = field(default_factory=dict)  # id(node) -> preorder index
-    end: dict[int, int] = field(default_factory=dict)  # id(node) -> last preorder index of its subtree
-    parent: dict[int, cst.CSTNode] = field(default_factory=dict)
-    nodes: list[cst.CSTNode] = field(default_factory=list)
-    bindings: list[Binding] = field(default_factory=list)
-    params: set[str] = field(default_factory=set)
-
-    @classmethod
-    def of(cls, fn: cst.FunctionDef) -> "FunctionFlow":
-        flow = cls(fn)
-        for p in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
-            flow.params.add(p.name.value)
-        for p in (fn.params.star_arg, fn.params.star_kwarg):
-            if isinstance(p, cst.Param):
-                flow.params.add(p.name.value)
-        flow._number(fn.body)
-        for n in flow.nodes:
-            if isinstance(n, cst.Assign):
-                for t in n.targets:
-                    flow._bind(t.target, n.value, n)
-            elif isinstance(n, cst.AnnAssign) and n.value is not None:
-                flow._bind(n.target, n.value, n)
-            elif isinstance(n, cst.AugAssign):
-                d = dotted_name(n.target)
-                if d is not None:
-                    flow.bindings.append(Binding(d, n.value, flow.order[id(n)], flow.end[id(n)], aug=True))
-            elif isinstance(n, (cst.For, cst.CompFor)):
-                flow._bind(n.target, None, n, header_only=True)
-            elif isinstance(n, cst.NamedExpr):
-                flow._bind(n.target, n.value, n)
-            elif isinstance(n, cst.WithItem) and n.asname is not None:
-                flow._bind(n.asname.name, None, n)
-        return flow
-
-    def _number(self, root: cst.CSTNode) -> None:
-        stack: list[tuple[cst.CSTNode, bool]] = [(root, False)]
-        while stack:
-            node, done = stack.pop()
-            if done:
-                self.end[id(node)] = len(self.nodes) - 1
-                continue
-            self.order[id(node)] = len(self.nodes)
-            self.nodes.append(node)
-            stack.append((node, True))
-            if node is not root and isinstance(node, h.SCOPES):
-                continue
-            for c in reversed(tree.children(node)):
-                self.parent[id(c)] = node
-                stack.append((c, False))
-
-    def _bind(self, target: cst.CSTNode, value, stmt: cst.CSTNode, header_only: bool = False) -> None:
-        end = self.order[id(stmt)] if header_only else self.end[id(stmt)]
-        if isinstance(target, (cst.Tuple, cst.List)):
-            for e in target.elements:
-                self._bind(e.value, None, stmt, header_only)
-            return
-        if isinstance(target, cst.StarredElement):
-            self._bind(target.value, None, stmt, header_only)
-            return
-        d = dotted_name(target)
-        if d is not None:
-            self.bindings.append(Binding(d, value, self.order[id(stmt)], end))
-
-    # -- queries ----------------------------------------------------------------
-    def pos(self, node: cst.CSTNode) -> int:
-        return self.order.get(id(node), -1)
-
-    def binding_at(self, name: str, at: int) -> Binding | None:
-        """The most recent binding of ``name`` visible at preorder index ``at``."""
-        best = None
-        for b in self.bindings:
-            if b.name == name and b.end < at and (best is None or b.end > best.end):
-                best = b
-        return best
-
-    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-        p = self.parent.get(id(node))
-        while p is not None:
-            yield p
-            p = self.parent.get(id(p))
-
-    def within(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-        i = self.pos(node)
-        return self.pos(outer) <= i <= self.end.get(id(outer), -2)
-
 
 def expr_names(node: cst.CSTNode) -> set[str]:
     """Dotted names read by an expression (``x``, ``self.mask``), nested lambdas included."""

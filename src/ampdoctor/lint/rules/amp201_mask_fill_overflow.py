@@ -9,6 +9,7 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic.facts import facts_of
+from ampdoctor.lint.semantic.flow import FunctionFlow, flow_of
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # methods that keep the dtype of their receiver: `torch.ones(n, n).triu(1).masked_fill(...)`
@@ -130,7 +131,7 @@ class MaskFillOverflow(Rule):
             return
         names = self.ctx.names
         consts = mu.module_constants(node, names)
-        flows: dict[int, mu.FunctionFlow] = {}
+        flows: dict[int, FunctionFlow] = {}
         found = []
         for c in self.candidates:
             if c.guarded:
@@ -139,7 +140,7 @@ class MaskFillOverflow(Rule):
             if c.fn is not None:
                 flow = flows.get(id(c.fn))
                 if flow is None:
-                    flow = flows[id(c.fn)] = mu.FunctionFlow.of(c.fn)
+                    flow = flows[id(c.fn)] = flow_of(self.ctx, c.fn)
             v = self._value(c.value, consts, flow, c.call)
             if v is None or v != v or abs(v) <= mu.FP16_MAX or v in (float("inf"), float("-inf")):
                 continue

@@ -9,6 +9,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic.flow import FunctionFlow, flow_of
 from ampdoctor.lint.rule import Rule
 
 _CODE = cst.Module([])
@@ -97,7 +98,7 @@ class NegInfPaddingMask(Rule):
         fills = self.fills.pop(id(node), None)
         if not fills:
             return
-        flow = mu.FunctionFlow.of(node)
+        flow = flow_of(self.ctx, node)
         softmaxes = [(n, inp) for n in flow.nodes if (inp := self._softmax_input(n)) is not None]
         if not softmaxes:
             return
@@ -123,7 +124,7 @@ class NegInfPaddingMask(Rule):
     def _softmax_input(self, n: cst.CSTNode) -> cst.BaseExpression | None:
         return mu.softmax_input(self.ctx.names, n)
 
-    def _reaches_softmax(self, f: _Fill, flow: mu.FunctionFlow, softmaxes) -> cst.CSTNode | None:
+    def _reaches_softmax(self, f: _Fill, flow: FunctionFlow, softmaxes) -> cst.CSTNode | None:
         at = flow.pos(f.call)
         for sm, inp in softmaxes:
             if flow.within(f.call, inp):
@@ -156,7 +157,7 @@ class NegInfPaddingMask(Rule):
                 return sm
         return None
 
-    def _padding(self, mask: cst.BaseExpression, flow: mu.FunctionFlow, at: int) -> bool:
+    def _padding(self, mask: cst.BaseExpression, flow: FunctionFlow, at: int) -> bool:
         """Whether the mask marks padding that comes from outside the function.
 
         The mask is followed back through local bindings. It counts as padding when a data name
@@ -209,7 +210,7 @@ class NegInfPaddingMask(Rule):
         text = " ".join(all_words)
         return mask_param and not any(w in text for w in _CAUSAL) and not buffers
 
-    def _guarded(self, f: _Fill, flow: mu.FunctionFlow, sm: cst.CSTNode) -> bool:
+    def _guarded(self, f: _Fill, flow: FunctionFlow, sm: cst.CSTNode) -> bool:
         """Fully masked rows are handled: NaNs cleaned after the softmax, rows zeroed by a second
         fill, or the mask tested with `.all()`/`.any()`."""
         mask_names = mu.expr_names(f.mask)
@@ -233,13 +234,13 @@ _META_ATTRS = ("shape", "device", "dtype", "ndim", "is_cuda", "layout")
 _META_METHODS = ("size", "dim", "numel", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "type_as")
 
 
-def _data_names(expr: cst.CSTNode, flow: mu.FunctionFlow) -> tuple[list[cst.CSTNode], set[str]]:
+def _data_names(expr: cst.CSTNode, flow: FunctionFlow) -> tuple[list[cst.CSTNode], set[str]]:
     """The names and attributes whose values an expression reads (not only their shape, device or
     dtype), and the lower-cased names of the functions and methods it calls."""
     skip: set[int] = set()
     callees: set[str] = set()
     nodes = [expr, *h.walk(expr, enter_scopes=True)]
-    local = flow.params | {b.name for b in flow.bindings}
+    local = set(flow.params) | {b.name for b in flow.bindings}
     for n in nodes:
         if isinstance(n, cst.Attribute) and n.attr.value in _META_ATTRS:
             skip.add(id(n))

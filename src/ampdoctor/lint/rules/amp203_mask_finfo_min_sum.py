@@ -6,6 +6,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic.flow import FunctionFlow, flow_of
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic.facts import facts_of
 
@@ -49,7 +50,7 @@ class MaskFinfoMinSum(Rule):
     def _sums(self, node: cst.FunctionDef, returns: bool = False):
         """The sums in ``node`` whose both sides can hold finfo.min (as 1-tuples); with ``returns``,
         instead whether one of its ``return`` values can."""
-        flow = mu.FunctionFlow.of(node)
+        flow = flow_of(self.ctx, node)
         holds: dict[int, bool] = {}  # id(binding) -> whether its value can hold finfo.min
 
         def binding_holds(name: str, at: int) -> bool:
@@ -90,7 +91,7 @@ class MaskFinfoMinSum(Rule):
             self._returns[key] = bool(self._sums(fn, returns=True))
         return self._returns[key]
 
-    def _holds(self, expr: cst.CSTNode, flow: mu.FunctionFlow, at: int, binding_holds) -> bool:
+    def _holds(self, expr: cst.CSTNode, flow: FunctionFlow, at: int, binding_holds) -> bool:
         names = self.ctx.names
         if mu.is_finfo_min(names, expr):
             return True
@@ -139,7 +140,7 @@ class MaskFinfoMinSum(Rule):
         return False
 
     @staticmethod
-    def _tensor_receiver(recv: cst.BaseExpression, flow: mu.FunctionFlow) -> bool:
+    def _tensor_receiver(recv: cst.BaseExpression, flow: FunctionFlow) -> bool:
         """Not `self.helper(...)`, a module function or a global helper: a local value, an
         attribute of one (`self.mask`), a subscript or a call result."""
         if isinstance(recv, cst.Name):
@@ -153,7 +154,7 @@ class MaskFinfoMinSum(Rule):
                     any(b.name == base.value for b in flow.bindings)
         return True
 
-    def _clamped(self, node: cst.CSTNode, flow: mu.FunctionFlow) -> bool:
+    def _clamped(self, node: cst.CSTNode, flow: FunctionFlow) -> bool:
         """The sum is clamped back into range: inside a clamp call, or its target is clamped later."""
         target = None
         for p in flow.ancestors(node):

@@ -10,6 +10,7 @@ from ampdoctor.lint import num_util as nu
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.semantic.facts import facts_of
+from ampdoctor.lint.semantic.flow import FunctionFlow, flow_of
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
 
@@ -38,7 +39,7 @@ class _Candidate:
     what: str  # description of the guarded expression
     op: str  # what goes wrong
     pure_only: bool  # safe under autocast: needs a pure-float16 file
-    idx: nu.FunctionIndex
+    idx: FunctionFlow
     fn: cst.FunctionDef | None
     cls: cst.ClassDef | None
 
@@ -100,10 +101,10 @@ class EpsUnderflow(Rule):
         cls = None
         if self._cls_stack and any(b is node for b in self._cls_stack[-1].body.body):
             cls = self._cls_stack[-1]
-        self._scan(nu.FunctionIndex.build(node), node, cls)
+        self._scan(flow_of(self.ctx, node), node, cls)
 
     def leave_Module(self, node: cst.Module) -> None:
-        self._scan(nu.FunctionIndex.build(node), None, None)
+        self._scan(flow_of(self.ctx, node), None, None)
         if not self.cands:
             return
         evidence = facts_of(self.ctx).evidence
@@ -132,7 +133,7 @@ class EpsUnderflow(Rule):
                                           or "torch.var(" in text) else "an all-zero input"
             self.report(c.node, self.message.format(eps_text=eps_text, what=c.what, when=when, op=c.op))
 
-    def _scan(self, idx: nu.FunctionIndex, fn: cst.FunctionDef | None, cls: cst.ClassDef | None) -> None:
+    def _scan(self, idx: FunctionFlow, fn: cst.FunctionDef | None, cls: cst.ClassDef | None) -> None:
         names = self.ctx.names
         for n in idx.nodes:
             if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Divide):
@@ -159,7 +160,7 @@ class EpsUnderflow(Rule):
             return
         self.cands.append(_Candidate(node, eps, default, what, op, pure_only, idx, fn, cls))
 
-    def _model_context(self, idx: nu.FunctionIndex, fn, cls, node: cst.CSTNode, eps: cst.BaseExpression) -> bool:
+    def _model_context(self, idx: FunctionFlow, fn, cls, node: cst.CSTNode, eps: cst.BaseExpression) -> bool:
         """Model code, where activations are float16: a `forward` (or a method of a class that
         has one), a norm helper (`rms_norm`, `l2norm`, not `normalize_rewards`), an autocast
         block, or an `eps` parameter or attribute. An inline literal in a free function usually
@@ -230,7 +231,7 @@ class EpsUnderflow(Rule):
         self._add(idx, fn, cls, call, eps, nu.short(call), "the result is 0/0 = NaN", True, default)
 
     # -- shapes --------------------------------------------------------------------------------
-    def _resolve(self, idx: nu.FunctionIndex, expr: cst.BaseExpression, at: cst.CSTNode,
+    def _resolve(self, idx: FunctionFlow, expr: cst.BaseExpression, at: cst.CSTNode,
                  depth: int = 0) -> cst.BaseExpression | None:
         """A local name -> the value of its single reaching assignment (twice at most)."""
         while isinstance(expr, cst.Name) and depth < 2:
@@ -292,7 +293,7 @@ class EpsUnderflow(Rule):
         root = self.ctx.names.qualified(mc[0]) or ""
         return root.split(".", 1)[0] not in ("torch", "math", "numpy", "np", "scipy", "jnp", "jax")
 
-    def _upcast(self, idx: nu.FunctionIndex, expr: cst.CSTNode, at: cst.CSTNode, depth: int) -> bool:
+    def _upcast(self, idx: FunctionFlow, expr: cst.CSTNode, at: cst.CSTNode, depth: int) -> bool:
         """``expr`` is computed in float32 (or float64), directly or through local names."""
         names = self.ctx.names
         if conv.has_upcast(names, expr) or self._not_torch(expr):
@@ -316,7 +317,7 @@ class EpsUnderflow(Rule):
                     return True
         return False
 
-    def _autocast_fp32(self, idx: nu.FunctionIndex, expr: cst.CSTNode, at: cst.CSTNode, depth: int = 0) -> bool:
+    def _autocast_fp32(self, idx: FunctionFlow, expr: cst.CSTNode, at: cst.CSTNode, depth: int = 0) -> bool:
         """Under CUDA autocast ``expr`` comes out float32 (an op of the fp32 list, no cast back)."""
         names = self.ctx.names
         if conv.has_downcast(names, expr):

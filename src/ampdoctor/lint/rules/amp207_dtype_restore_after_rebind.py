@@ -8,6 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import num_util as nu
 from ampdoctor.lint.semantic import casts as conv
+from ampdoctor.lint.semantic.flow import Assignment, FunctionFlow, flow_of
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # tensor methods / torch functions that keep a float32 input float32 (no autocast lowering)
@@ -56,7 +57,7 @@ class DtypeRestoreAfterRebind(Rule):
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         if id(node) not in self._restoring:
             return  # no `.to(x.dtype)`/`.type_as(x)` in it: nothing to report, no index to build
-        idx = nu.FunctionIndex.build(node)
+        idx = flow_of(self.ctx, node)
         rebinds: dict[int, _Rebind] = {}
         for name, assigns in idx.assigns.items():
             if "." in name:
@@ -97,7 +98,7 @@ class DtypeRestoreAfterRebind(Rule):
                 self.report(call, self.message.format(x=r.name, how=how, restore=restore), fix)
 
     # -- recognising the pieces ----------------------------------------------------------------
-    def _rebind(self, idx: nu.FunctionIndex, x: str, stmt: cst.Assign) -> _Rebind | None:
+    def _rebind(self, idx: FunctionFlow, x: str, stmt: cst.Assign) -> _Rebind | None:
         value = stmt.value
         names = self.ctx.names
         # explicit form: x = x.float() / x.to(torch.float32) / x.type(torch.float32), in a chain
@@ -158,7 +159,7 @@ class DtypeRestoreAfterRebind(Rule):
                 return v.value.value, v
         return None
 
-    def _returned_names(self, idx: nu.FunctionIndex) -> set[str]:
+    def _returned_names(self, idx: FunctionFlow) -> set[str]:
         out = set()
         for n in idx.nodes:
             if isinstance(n, cst.Return) and n.value is not None:
@@ -169,7 +170,7 @@ class DtypeRestoreAfterRebind(Rule):
                         out.add(v.value)
         return out
 
-    def _in_result(self, idx: nu.FunctionIndex, n: cst.CSTNode, returned: set[str]) -> bool:
+    def _in_result(self, idx: FunctionFlow, n: cst.CSTNode, returned: set[str]) -> bool:
         """The restore is part of what the function returns (a return statement, or a name
         assigned here and returned as such)."""
         for p in idx.ancestors(n):
@@ -181,8 +182,8 @@ class DtypeRestoreAfterRebind(Rule):
                 return False
         return False
 
-    def _trace(self, idx: nu.FunctionIndex, x: str, at: cst.CSTNode, rebinds: dict[int, _Rebind],
-               depth: int) -> nu.Assignment | None:
+    def _trace(self, idx: FunctionFlow, x: str, at: cst.CSTNode, rebinds: dict[int, _Rebind],
+               depth: int) -> Assignment | None:
         """The upcast that every definition of ``x`` reaching ``at`` comes from (through
         float32-preserving reassignments such as ``x = x * torch.rsqrt(...)``), else None."""
         reaching = idx.reaching(x, at)
@@ -202,7 +203,7 @@ class DtypeRestoreAfterRebind(Rule):
                 found = up
         return found
 
-    def _keeps(self, idx: nu.FunctionIndex, x: str, a: nu.Assignment) -> bool:
+    def _keeps(self, idx: FunctionFlow, x: str, a: Assignment) -> bool:
         """A later assignment of ``x`` that keeps it float32: arithmetic on ``x`` itself."""
         v = a.value
         if v is None or x not in nu.names_in_expr(v):
@@ -222,7 +223,7 @@ class DtypeRestoreAfterRebind(Rule):
             continue
         return True
 
-    def _saved_before(self, idx: nu.FunctionIndex, x: str, stmt: cst.CSTNode) -> bool:
+    def _saved_before(self, idx: FunctionFlow, x: str, stmt: cst.CSTNode) -> bool:
         at = idx.pos(stmt)
         for n in idx.nodes[:at]:
             if isinstance(n, cst.Attribute) and n.attr.value == "dtype" and isinstance(n.value, cst.Name) \
@@ -230,7 +231,7 @@ class DtypeRestoreAfterRebind(Rule):
                 return True
         return False
 
-    def _depends_on(self, idx: nu.FunctionIndex, expr: cst.CSTNode, x: str, at: cst.CSTNode, depth: int = 0) -> bool:
+    def _depends_on(self, idx: FunctionFlow, expr: cst.CSTNode, x: str, at: cst.CSTNode, depth: int = 0) -> bool:
         names = nu.names_in_expr(expr)
         if x in names:
             return True
@@ -243,7 +244,7 @@ class DtypeRestoreAfterRebind(Rule):
         return False
 
     # -- the fix ---------------------------------------------------------------------------------
-    def _fix(self, idx: nu.FunctionIndex, fn: cst.FunctionDef, r: _Rebind,
+    def _fix(self, idx: FunctionFlow, fn: cst.FunctionDef, r: _Rebind,
              restores: list[tuple[cst.Call, cst.CSTNode]]) -> FixSpec | None:
         used = {n.value for n in h.walk(fn, enter_scopes=True) if isinstance(n, cst.Name)}
         var = next((v for v in _NAMES if v not in used), None)

@@ -5,6 +5,7 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
+from ampdoctor.lint.semantic.flow import flow_of
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # torch functions whose result is always a tensor
@@ -58,7 +59,7 @@ class NanComparison(Rule):
         fn = h.enclosing_scope(self.ctx)
         if not isinstance(fn, cst.FunctionDef):
             return False
-        flow = mu.FunctionFlow.of(fn)
+        flow = flow_of(self.ctx, fn)
         return name in flow.params or any(b.name == name for b in flow.bindings)
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
@@ -135,7 +136,7 @@ class NanComparison(Rule):
             fn = h.enclosing_scope(self.ctx)
             if not isinstance(fn, cst.FunctionDef):
                 return None
-            flow = mu.FunctionFlow.of(fn)
+            flow = flow_of(self.ctx, fn)
             if expr.value in flow.params:
                 return None
             b = flow.binding_at(expr.value, flow.pos(self.ctx.parents[-1]))

@@ -8,6 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint import mask_util as mu
 from ampdoctor.lint.semantic.facts import facts_of
+from ampdoctor.lint.semantic.flow import FunctionFlow, flow_of
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
 
@@ -70,7 +71,7 @@ class Fp16AttentionSoftmax(Rule):
         sms = self.softmaxes.pop(id(node), None)
         if not sms or self._precision_tested(node):
             return
-        flow = mu.FunctionFlow.of(node)
+        flow = flow_of(self.ctx, node)
         for sm in sms:
             if any(a.keyword is not None and a.keyword.value == "dtype" for a in sm.call.args):
                 continue  # softmax(..., dtype=torch.float32): a deliberate precision choice
@@ -131,7 +132,7 @@ class Fp16AttentionSoftmax(Rule):
         return False
 
     # -- data flow -----------------------------------------------------------------------
-    def _scores_chain(self, sm: _Softmax, flow: mu.FunctionFlow) -> list[cst.CSTNode] | None:
+    def _scores_chain(self, sm: _Softmax, flow: FunctionFlow) -> list[cst.CSTNode] | None:
         """The expressions the softmax input is computed from, back to a matmul (``q @ kᵀ``) in
         this function, with that matmul's operands and their bindings; None without a matmul."""
         names = self.ctx.names
@@ -162,7 +163,7 @@ class Fp16AttentionSoftmax(Rule):
                     todo.append((b.value, b.start, depth + 1))
         return chain if found else None
 
-    def _bounded(self, ops: list[cst.BaseExpression], flow: mu.FunctionFlow, at: int) -> bool:
+    def _bounded(self, ops: list[cst.BaseExpression], flow: FunctionFlow, at: int) -> bool:
         """``q @ kᵀ`` whose result is already the (small) logit: both operands are unit vectors
         (cosine attention, ``F.normalize``), or one is scaled by 1/sqrt(d) before the product
         (``q = q * self.scale``): what is materialised is the final logit, not a raw dot product."""
@@ -178,7 +179,7 @@ class Fp16AttentionSoftmax(Rule):
             return True
         return any("scaled" in k for k in kinds)
 
-    def _feeds_matmul(self, sm: _Softmax, flow: mu.FunctionFlow) -> bool:
+    def _feeds_matmul(self, sm: _Softmax, flow: FunctionFlow) -> bool:
         """The probabilities reach a matmul with the values: directly (``softmax(s) @ v``) or
         through names bound in this function (dropout, reshapes)."""
         names = self.ctx.names

@@ -12,6 +12,7 @@ class FileFacts:
         self.module = module
         self._calls = None
         self._evidence = None
+        self.flows: dict = {}  # id(def or module) -> semantic.flow.FunctionFlow
 
     @property
     def calls(self):
