@@ -3,7 +3,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import branches
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import autocast as acs
@@ -44,9 +45,9 @@ class HalfInsideAutocast(Rule):
         if dtype not in _LOW:
             return
         region = acs.active_region(self.ctx)
-        if region is None or u.under_precision_branch(self.ctx, region.node):
+        if region is None or branches.under_precision_branch(self.ctx, region.node):
             return  # `if use_pure_fp16: x = x.half()`: a deliberate, mode-dependent cast
-        call = u.short(node, 50)
+        call = source.short(node, 50)
         msg = self.message.format(call=call, why=_WHY[dtype])
         self.report(node, msg, self._fix(node, recv, meth))
 
@@ -72,7 +73,7 @@ class HalfInsideAutocast(Rule):
         parent = self.ctx.parents[-2] if len(self.ctx.parents) >= 2 else None
         drop = isinstance(parent, cst.Expr) or (
             isinstance(parent, cst.Assign) and len(parent.targets) == 1
-            and u.code(parent.targets[0].target) == u.code(recv))
+            and source.code(parent.targets[0].target) == source.code(recv))
         if drop:
             # `model.half()` or `x = x.half()` as a statement: the cast is all it does
             st = h.statement_of(self.ctx)

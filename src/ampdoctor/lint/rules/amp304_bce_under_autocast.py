@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
 
@@ -66,5 +66,5 @@ class BceUnderAutocast(Rule):
             return
         when = "" if region.ac.device == "cuda" else " when it runs on CUDA"
         if region.via is not None:  # the enclosing function is only called inside autocast
-            when += f" (this function runs in the autocast region around `{u.short(region.via, 40)}`)"
-        self.report(node, self.message.format(call=u.short(func, 45) + "(...)", when=when))
+            when += f" (this function runs in the autocast region around `{source.short(region.via, 40)}`)"
+        self.report(node, self.message.format(call=source.short(func, 45) + "(...)", when=when))

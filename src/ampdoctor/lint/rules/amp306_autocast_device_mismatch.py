@@ -5,7 +5,8 @@ import re
 import libcst as cst
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import edits
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
@@ -176,7 +177,7 @@ class AutocastDeviceMismatch(Rule):
         dev_expr = h.arg(node, 0, "device_type")
         if dev_expr is None:
             return
-        call = f"{u.short(node.func)}({u.short(dev_expr, 30)})"
+        call = f"{source.short(node.func)}({source.short(dev_expr, 30)})"
         s = h.string_value(dev_expr)
         if s is not None:
             self._literal(node, dev_expr, s, call)
@@ -185,8 +186,8 @@ class AutocastDeviceMismatch(Rule):
             if isinstance(head, cst.FormattedStringText):
                 m = re.match(r"^(cpu|cuda|mps|xpu):", head.value)
                 if m:
-                    self._report(node, _INDEXED.format(arg=u.short(dev_expr, 30), fix=m.group(1)),
-                                 dev_expr, u.string(m.group(1)))
+                    self._report(node, _INDEXED.format(arg=source.short(dev_expr, 30), fix=m.group(1)),
+                                 dev_expr, edits.string(m.group(1)))
         elif isinstance(dev_expr, cst.Call) and isinstance(dev_expr.func, cst.Name) and \
                 dev_expr.func.value == "str" and len(dev_expr.args) == 1 and \
                 self.ctx.names.qualified(dev_expr.func) == "str":
@@ -203,26 +204,26 @@ class AutocastDeviceMismatch(Rule):
             rep = None
             if self._is_torch_device(inner):
                 rep = cst.Attribute(value=inner, attr=cst.Name("type"))
-            self._report(node, _STR_DEVICE.format(arg=u.short(dev_expr, 30), dev=u.short(inner, 25)), dev_expr, rep)
+            self._report(node, _STR_DEVICE.format(arg=source.short(dev_expr, 30), dev=source.short(inner, 25)), dev_expr, rep)
         elif self._is_torch_device(dev_expr):
             if isinstance(dev_expr, cst.Call):
                 lit = h.string_value(h.arg(dev_expr, 0, "type"))
                 dev = _literal_device(h.arg(dev_expr, 0, "type"))
-                rep = u.string(dev) if lit is not None and dev is not None else \
+                rep = edits.string(dev) if lit is not None and dev is not None else \
                     cst.Attribute(value=dev_expr, attr=cst.Name("type"))
             else:
                 rep = cst.Attribute(value=dev_expr, attr=cst.Name("type"))
-            self._report(node, _TORCH_DEVICE_MSG.format(call=call, fix=u.code(rep)), dev_expr, rep)
+            self._report(node, _TORCH_DEVICE_MSG.format(call=call, fix=source.code(rep)), dev_expr, rep)
 
     def _literal(self, node: cst.Call, dev_expr: cst.BaseExpression, s: str, call: str) -> None:
         base = s.split(":", 1)[0]
         if s.strip().lower() in _NOT_A_DEVICE or (s != s.strip().lower() and s.strip().lower() in _DEVICE_TYPES):
             fix = "cuda" if s.strip().lower() in _NOT_A_DEVICE else s.strip().lower()
-            self._report(node, _RAISES.format(call=call, arg=u.short(dev_expr), fix=f'"{fix}"'), dev_expr,
-                         u.string(fix))
+            self._report(node, _RAISES.format(call=call, arg=source.short(dev_expr), fix=f'"{fix}"'), dev_expr,
+                         edits.string(fix))
             return
         if ":" in s and base in _DEVICE_TYPES and _DEVICE_STR.match(s):
-            self._report(node, _INDEXED.format(arg=u.short(dev_expr), fix=base), dev_expr, u.string(base))
+            self._report(node, _INDEXED.format(arg=source.short(dev_expr), fix=base), dev_expr, edits.string(base))
             return
         if s not in _PLACEMENT:
             return

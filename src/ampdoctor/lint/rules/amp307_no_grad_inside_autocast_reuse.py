@@ -7,7 +7,7 @@ import libcst as cst
 from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
@@ -108,10 +108,10 @@ class NoGradInsideAutocastReuse(Rule):
         if region is None or not isinstance(region.node, cst.With) or acs.cache_enabled(region.ac) is False:
             return
         keys: dict[str, str] = {}
-        for c in u.module_calls(node.body):
+        for c in source.module_calls(node.body):
             k = self._module_key(c)
             if k is not None:
-                keys.setdefault(k, u.short(c.func))
+                keys.setdefault(k, source.short(c.func))
         if not keys:
             return
         scope = next((p for p in self.ctx.ancestors() if isinstance(p, (cst.FunctionDef, cst.Module))), None)
@@ -123,7 +123,7 @@ class NoGradInsideAutocastReuse(Rule):
         orders: dict[int, dict] = {}
         for cand in self.candidates:
             if id(cand.scope) not in orders:
-                orders[id(cand.scope)] = u.order(cand.scope)
+                orders[id(cand.scope)] = source.order(cand.scope)
             pos = orders[id(cand.scope)]
             after = pos[id(cand.no_grad)][1]
             forward = self._later_forward(cand, pos, after)

@@ -4,7 +4,7 @@ import libcst as cst
 from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
@@ -60,17 +60,17 @@ class AutocastDisabledNoCast(Rule):
     def _low(self, value: cst.BaseExpression) -> str | None:
         """A short description of ``value`` when autocast lowers it, else None."""
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.MatrixMultiply):
-            return u.short(value, 30)
+            return source.short(value, 30)
         if not isinstance(value, cst.Call):
             return None
         q = self.ctx.names.qualified(value.func)
         if q in _PRODUCERS:
-            return u.short(value.func) + "(...)"
+            return source.short(value.func) + "(...)"
         if h.method_call(value, *_PRODUCER_METHODS) is not None and \
                 self.ctx.names.qualified(value.func.value) != "torch":  # type: ignore[attr-defined]
-            return u.short(value.func) + "(...)"
+            return source.short(value.func) + "(...)"
         if isinstance(value.func, (cst.Name, cst.Attribute)) and self.ctx.names.made_by(value.func) in _LOW_MODULES:
-            return u.short(value.func) + "(...)"
+            return source.short(value.func) + "(...)"
         return None
 
     def _outer_values(self, body: cst.CSTNode, stop: cst.CSTNode) -> dict[str, str]:
@@ -162,9 +162,9 @@ class AutocastDisabledNoCast(Rule):
         q = names.qualified(call.func)
         if q is not None and q not in _FUNCTIONAL_NOT_COMPUTE and \
                 (q in _TORCH_COMPUTE or q.startswith(_COMPUTE_PREFIXES)):
-            return u.short(call.func)
+            return source.short(call.func)
         if isinstance(call.func, (cst.Name, cst.Attribute)):
             made = names.made_by(call.func)
             if made is not None and made.startswith("torch.nn.") and made[len("torch.nn."):][:1].isupper():
-                return u.short(call.func)
+                return source.short(call.func)
         return None

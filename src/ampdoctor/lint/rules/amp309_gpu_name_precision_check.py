@@ -6,7 +6,7 @@ import libcst as cst
 from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic import vocabulary as voc
@@ -89,7 +89,7 @@ class GpuNamePrecisionCheck(Rule):
             els = [e.value for e in expr.elements if isinstance(e, cst.Element)]
             if els and len(els) == len(expr.elements) and all(h.string_value(e) is not None for e in els) \
                     and any(_gpu_string(e) for e in els):
-                return u.short(expr, 50)
+                return source.short(expr, 50)
             return None
         d = dotted_name(expr)
         if d is not None and d in self.gpu_lists:

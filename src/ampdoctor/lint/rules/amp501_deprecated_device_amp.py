@@ -4,7 +4,9 @@ import libcst as cst
 from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import branches
+from ampdoctor.lint.semantic import edits
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
 
@@ -98,10 +100,10 @@ class DeprecatedDeviceAmp(Rule):
         is_bound = _bound_value(stack)
         if not (is_call or is_decorator or is_partial or is_bound):
             return  # a reference (a lookup table, isinstance, an annotation) does not warn
-        if u.in_version_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
+        if branches.in_version_guard(self.ctx) or branches.in_fallback(self.ctx, _is_new_api):
             return
         kind, dev = _DEPRECATED[q]
-        torch_name, imports = u.torch_local(self.ctx.names)
+        torch_name, imports = edits.torch_local(self.ctx.names)
         fix = None
         if self._version_ok(kind):
             try:
@@ -116,9 +118,9 @@ class DeprecatedDeviceAmp(Rule):
         extra = "; pass `enabled`/`dtype` by keyword, the positional order differs" if kind == "autocast" else ""
         if is_bound and not (is_call or is_decorator or is_partial):
             fix = None  # the alias's callers pass arguments in the old order: no mechanical rewrite
-            msg = self.alias_message.format(old=u.short(node, 50), new=_ALIAS_FORM[kind].format(d=dev))
+            msg = self.alias_message.format(old=source.short(node, 50), new=_ALIAS_FORM[kind].format(d=dev))
         else:
-            msg = self.message.format(old=u.short(node, 50), new=_NEW_FORM[kind].format(d=dev), extra=extra)
+            msg = self.message.format(old=source.short(node, 50), new=_NEW_FORM[kind].format(d=dev), extra=extra)
         self.report(node, msg, fix)
 
     # -- from torch.cuda.amp import autocast, GradScaler -------------------------------------
@@ -126,7 +128,7 @@ class DeprecatedDeviceAmp(Rule):
         if node.relative or isinstance(node.names, cst.ImportStar):
             return
         module = dotted_name(node.module)
-        if module not in _MODULES or u.in_version_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
+        if module not in _MODULES or branches.in_version_guard(self.ctx) or branches.in_fallback(self.ctx, _is_new_api):
             return
         found = []
         for alias in node.names:
@@ -148,7 +150,7 @@ class DeprecatedDeviceAmp(Rule):
         refs = self._references(node, {local for _, found, _, _ in self.imports for _, local, _, _ in found})
         for imp, found, line, block in self.imports:
             news = sorted({_NEW_FORM[k].format(d=d) for _, _, k, d in found})
-            msg = self.import_message.format(old=u.short(imp, 60), new=" and ".join(f"`{n}`" for n in news))
+            msg = self.import_message.format(old=source.short(imp, 60), new=" and ".join(f"`{n}`" for n in news))
             fix = None
             try:
                 fix = self._import_fix(imp, found, line, block, refs)
@@ -161,7 +163,7 @@ class DeprecatedDeviceAmp(Rule):
         return self.ctx.min_torch is None or tuple(self.ctx.min_torch) >= _NEEDS[kind]
 
     def _new_call(self, call: cst.Call, kind: str, dev: str, torch_name: str) -> cst.Call:
-        func = u.attr_chain(f"{torch_name}.amp.{kind}")
+        func = edits.attr_chain(f"{torch_name}.amp.{kind}")
         args = list(call.args)
         if kind == "autocast":
             if any(a.star == "*" for a in args):
@@ -177,22 +179,22 @@ class DeprecatedDeviceAmp(Rule):
                                                              whitespace_after=cst.SimpleWhitespace("")))
                     i += 1
                 out.append(a)
-            new = _insert(out, 0, cst.Arg(u.string(dev)), call)
+            new = _insert(out, 0, cst.Arg(edits.string(dev)), call)
         elif kind == "GradScaler":
-            new = _insert(args, 0, cst.Arg(u.string(dev)), call)
+            new = _insert(args, 0, cst.Arg(edits.string(dev)), call)
         else:
             if any(a.keyword is not None and a.keyword.value == "device_type" for a in args):
                 raise _Unfixable
             at = next((i for i, a in enumerate(args) if a.keyword is not None or a.star == "**"), len(args))
-            kw = cst.Arg(u.string(dev), keyword=cst.Name("device_type"),
+            kw = cst.Arg(edits.string(dev), keyword=cst.Name("device_type"),
                          equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                whitespace_after=cst.SimpleWhitespace("")))
             new = _insert(args, at, kw, call)
         return call.with_changes(func=func, args=new)
 
     def _bare_decorator(self, kind: str, dev: str, torch_name: str) -> cst.Call:
-        return cst.Call(func=u.attr_chain(f"{torch_name}.amp.{kind}"),
-                        args=[cst.Arg(u.string(dev), keyword=cst.Name("device_type"),
+        return cst.Call(func=edits.attr_chain(f"{torch_name}.amp.{kind}"),
+                        args=[cst.Arg(edits.string(dev), keyword=cst.Name("device_type"),
                                       equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                             whitespace_after=cst.SimpleWhitespace("")))])
 
@@ -213,7 +215,7 @@ class DeprecatedDeviceAmp(Rule):
     def _import_fix(self, imp: cst.ImportFrom, found, line, block, refs) -> FixSpec:
         if any(not self._version_ok(kind) for _, _, kind, _ in found):
             raise _Unfixable
-        torch_name, imports = u.torch_local(self.ctx.names)
+        torch_name, imports = edits.torch_local(self.ctx.names)
         by_local = {local: (kind, dev) for _, local, kind, dev in found}
         own = {id(a) for a, _, _, _ in found}
         changes: list[tuple[cst.CSTNode, object]] = []
@@ -239,7 +241,7 @@ class DeprecatedDeviceAmp(Rule):
                 changes.append((name, self._bare_decorator(kind, dev, torch_name)))
             elif kind == "GradScaler" and (annot or (isinstance(parent, cst.Arg) and isinstance(grand, cst.Call)
                                                      and dotted_name(grand.func) in ("isinstance", "issubclass"))):
-                changes.append((name, u.attr_chain(f"{torch_name}.amp.GradScaler")))
+                changes.append((name, edits.attr_chain(f"{torch_name}.amp.GradScaler")))
             else:
                 raise _Unfixable  # e.g. `ctx = autocast if amp else nullcontext`: no device to add
         keep = [a for a in imp.names if id(a) not in own]

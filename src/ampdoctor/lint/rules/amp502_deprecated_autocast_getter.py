@@ -3,7 +3,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import autocast_util as u
+from ampdoctor.lint.semantic import branches
+from ampdoctor.lint.semantic import edits
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # torch.<old>(args) -> torch.<new>("<device>", args); each of these warns
@@ -44,7 +45,7 @@ class DeprecatedAutocastGetter(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         q = self.ctx.names.qualified(node.func)
         old = _QUALIFIED.get(q or "")
-        if old is None or u.in_version_guard(self.ctx) or u.in_fallback(self.ctx, _is_new_api):
+        if old is None or branches.in_version_guard(self.ctx) or branches.in_fallback(self.ctx, _is_new_api):
             return
         new, dev = _DEPRECATED[old]
         rest = ", ..." if old.startswith("set_") else ""
@@ -60,9 +61,9 @@ class DeprecatedAutocastGetter(Rule):
         if isinstance(node.func, cst.Attribute) and self.ctx.names.qualified(node.func.value) == "torch":
             func = node.func.with_changes(attr=cst.Name(new))
         else:
-            torch_name, imports = u.torch_local(self.ctx.names)
-            func = u.attr_chain(f"{torch_name}.{new}")
-        first = cst.Arg(u.string(dev))
+            torch_name, imports = edits.torch_local(self.ctx.names)
+            func = edits.attr_chain(f"{torch_name}.{new}")
+        first = cst.Arg(edits.string(dev))
         if node.args:
             first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         return FixSpec(((node, node.with_changes(func=func, args=[first, *node.args])),), safe=True,
