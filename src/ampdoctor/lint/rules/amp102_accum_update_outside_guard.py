@@ -2,7 +2,7 @@ from __future__ import annotations
 
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint.scaler_util import ScalerFlow, exclusive, short
+from ampdoctor.lint.semantic.scaler import ScalerFlow, exclusive, short
 
 
 class AccumUpdateOutsideGuard(ScalerFlow):

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint.scaler_util import ScalerFlow, reaches, short
+from ampdoctor.lint.semantic.scaler import ScalerFlow, reaches, short
 
 
 class UnscaleTwice(ScalerFlow):

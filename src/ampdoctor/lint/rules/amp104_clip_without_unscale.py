@@ -4,7 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.rule import FixSpec
-from ampdoctor.lint.scaler_util import Event, ScalerFlow, exclusive, insertion_point, reaches, short
+from ampdoctor.lint.semantic.scaler import Event, ScalerFlow, exclusive, insertion_point, reaches, short
 
 
 class ClipWithoutUnscale(ScalerFlow):

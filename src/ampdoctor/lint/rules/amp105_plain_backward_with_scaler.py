@@ -4,7 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.rule import FixSpec
-from ampdoctor.lint.scaler_util import ScalerFlow, code_of, exclusive, reaches, short, strip_parens
+from ampdoctor.lint.semantic.scaler import ScalerFlow, code_of, exclusive, reaches, short, strip_parens
 
 
 class PlainBackwardWithScaler(ScalerFlow):

@@ -4,7 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint import setup_util as u
+from ampdoctor.lint.semantic import config as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs

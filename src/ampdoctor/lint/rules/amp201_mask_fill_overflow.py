@@ -6,7 +6,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint import mask_util as mu
+from ampdoctor.lint.semantic import values as mu
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.semantic.flow import FunctionFlow, flow_of

@@ -6,11 +6,12 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.semantic import models as nu
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.semantic.flow import FunctionFlow, flow_of
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
 
@@ -127,7 +128,7 @@ class EpsUnderflow(Rule):
             elif h.number_value(c.eps) is not None:
                 eps_text = f"eps={nu.fmt_number(value)}"
             else:
-                eps_text = f"`{nu.short(c.eps, 30)}` = {nu.fmt_number(value)}"
+                eps_text = f"`{source.short(c.eps, 30)}` = {nu.fmt_number(value)}"
             text = c.what.replace(" ", "")
             when = "a constant input" if (".std(" in text or ".var(" in text or "torch.std(" in text
                                           or "torch.var(" in text) else "an all-zero input"
@@ -195,7 +196,7 @@ class EpsUnderflow(Rule):
                 return
             if self._upcast(idx, stat, div, 0):
                 return
-            self._add(idx, fn, cls, right, eps, nu.short(right), "the division gives inf/NaN",
+            self._add(idx, fn, cls, right, eps, source.short(right), "the division gives inf/NaN",
                       self._autocast_fp32(idx, stat, div))
             return
         inner = self._sqrt_of(right)
@@ -206,7 +207,7 @@ class EpsUnderflow(Rule):
             base, eps = g
             if self._upcast(idx, base, div, 0):
                 return
-            self._add(idx, fn, cls, inner, eps, nu.short(inner), "the division gives inf/NaN",
+            self._add(idx, fn, cls, inner, eps, source.short(inner), "the division gives inf/NaN",
                       self._autocast_fp32(idx, base, div))
 
     def _rsqrt(self, idx, fn, cls, node: cst.CSTNode, arg: cst.BaseExpression) -> None:
@@ -217,7 +218,7 @@ class EpsUnderflow(Rule):
         base, eps = g
         if self._upcast(idx, base, node, 0):
             return
-        self._add(idx, fn, cls, node, eps, nu.short(arg), "rsqrt(0) = inf, and the output becomes NaN",
+        self._add(idx, fn, cls, node, eps, source.short(arg), "rsqrt(0) = inf, and the output becomes NaN",
                   self._autocast_fp32(idx, base, node))
 
     def _normalize(self, idx, fn, cls, call: cst.Call, q: str) -> None:
@@ -228,7 +229,7 @@ class EpsUnderflow(Rule):
         inputs = [h.arg(call, 0, "x1"), h.arg(call, 1, "x2")] if n_inputs == 2 else [h.arg(call, 0, "input")]
         if any(i is None for i in inputs) or any(self._upcast(idx, i, call, 0) for i in inputs):
             return
-        self._add(idx, fn, cls, call, eps, nu.short(call), "the result is 0/0 = NaN", True, default)
+        self._add(idx, fn, cls, call, eps, source.short(call), "the result is 0/0 = NaN", True, default)
 
     # -- shapes --------------------------------------------------------------------------------
     def _resolve(self, idx: FunctionFlow, expr: cst.BaseExpression, at: cst.CSTNode,

@@ -4,7 +4,8 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.semantic import models as nu
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import FixSpec
 
 SAFE_EPS = "1e-4"
@@ -30,7 +31,7 @@ class AdamEpsFp16(nu.Fp16ModelRule):
             return
         why: dict[int, str] = {}
         for conv, opt, target in self.t.fp16_matches():
-            why.setdefault(id(opt.node), f"`{target}` was made float16 by `{nu.short(conv.node, 30)}`")
+            why.setdefault(id(opt.node), f"`{target}` was made float16 by `{source.short(conv.node, 30)}`")
         for opt in self.t.optimizers:
             if id(opt.node) not in why and opt.fp16_tensors:
                 why[id(opt.node)] = f"`{opt.fp16_tensors[0]}` is a float16 tensor"

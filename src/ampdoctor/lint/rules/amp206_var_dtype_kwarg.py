@@ -4,7 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import FixSpec, Rule
 
 _FUNCTIONS = {"torch.var": "var", "torch.std": "std", "torch.var_mean": "var_mean", "torch.std_mean": "std_mean",
@@ -68,12 +68,12 @@ class VarDtypeKwarg(Rule):
         new_recv = _cast(recv, dt, dtype_arg.value)
         new_call = node.with_changes(func=node.func.with_changes(value=new_recv),  # type: ignore[union-attr]
                                      args=_without(node.args, dtype_arg))
-        self.pending.append((node, f"{nu.short(recv, 20)}.{meth}", new_call))
+        self.pending.append((node, f"{source.short(recv, 20)}.{meth}", new_call))
 
     def _function_form(self, node: cst.Call, meth: str, dtype_arg: cst.Arg) -> None:
         args = list(node.args)
         if any(a.star for a in args):
-            self.report(node, self.message.format(f=nu.short(node.func), fixed="torch." + meth + "(x.float(), ...)"))
+            self.report(node, self.message.format(f=source.short(node.func), fixed="torch." + meth + "(x.float(), ...)"))
             return
         inp = next((a for a in args if a.keyword is not None and a.keyword.value in ("input", "self")), None)
         if inp is None:
@@ -86,10 +86,10 @@ class VarDtypeKwarg(Rule):
             value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         new_inp = inp.with_changes(value=_cast(value, dt, dtype_arg.value))
         new_args = [new_inp if a is inp else a for a in _without(args, dtype_arg)]
-        self._report(node, nu.short(node.func), node.with_changes(args=new_args))
+        self._report(node, source.short(node.func), node.with_changes(args=new_args))
 
     def _report(self, node: cst.Call, what: str, new_call: cst.Call) -> None:
-        fixed = nu.short(new_call, 60)
+        fixed = source.short(new_call, 60)
         fix = FixSpec(((node, new_call),), safe=True, title=self.fix_title.format(fixed=fixed))
         self.report(node, self.message.format(f=what, fixed=fixed), fix)
 

@@ -6,9 +6,10 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.semantic import models as nu
 from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.semantic.flow import Assignment, FunctionFlow, flow_of
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import FixSpec, Rule
 
 # tensor methods / torch functions that keep a float32 input float32 (no autocast lowering)
@@ -91,9 +92,9 @@ class DtypeRestoreAfterRebind(Rule):
             r = rebinds[key]
             fix = self._fix(idx, node, r, restores)
             how = (f"a float32 result (it mixes in `{r.promoted_by}`, computed in float32)" if r.promoted_by
-                   else f"float32 by `{nu.short(r.stmt, 40)}`")
+                   else f"float32 by `{source.short(r.stmt, 40)}`")
             for call, _ in restores:
-                args = nu.short(call.with_changes(func=cst.Name("_")), 40)[1:]
+                args = source.short(call.with_changes(func=cst.Name("_")), 40)[1:]
                 restore = "." + call.func.attr.value + args  # type: ignore[union-attr]
                 self.report(call, self.message.format(x=r.name, how=how, restore=restore), fix)
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ampdoctor.diagnostics import Severity
-from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.semantic import models as nu
+from ampdoctor.lint.semantic import source
 
 
 class Fp16ParamsInOptimizer(nu.Fp16ModelRule):
@@ -27,5 +28,5 @@ class Fp16ParamsInOptimizer(nu.Fp16ModelRule):
                 continue
             done.add(id(conv.node))
             scaler = " and GradScaler raises \"Attempting to unscale FP16 gradients\"" if self.t.scaler else ""
-            self.report(conv.node, self.message.format(conv=nu.short(conv.node, 40), opt=opt.qualified.rsplit(".", 1)[-1],
+            self.report(conv.node, self.message.format(conv=source.short(conv.node, 40), opt=opt.qualified.rsplit(".", 1)[-1],
                                                        scaler=scaler))

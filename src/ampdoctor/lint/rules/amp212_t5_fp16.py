@@ -4,8 +4,9 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint import num_util as nu
+from ampdoctor.lint.semantic import models as nu
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import Rule
 
 _LOADERS = ("from_pretrained", "from_config", "from_single_file")
@@ -107,7 +108,7 @@ class T5Fp16(Rule):
     def _flag(self, node: cst.Call, kind: str, cast: bool) -> None:
         family = {"t5": "T5-family", "longt5": "LongT5"}[kind]
         keep = self.keep_hint if kind == "t5" and cast else ""
-        self.report(node, self.message.format(conv=nu.short(node, 50), family=family, keep=keep))
+        self.report(node, self.message.format(conv=source.short(node, 50), family=family, keep=keep))
 
 
 def _is_class_name(s: str) -> bool:

@@ -1,8 +1,5 @@
-"""Shared logic of the numerics rules AMP204-AMP212 (epsilons, dtypes, pure-fp16 setups).
-
-Used by the rules AMP204, AMP205, AMP206, AMP207, AMP210, AMP211 and AMP212; the engine drops
-the indexes built for a file when it is done with the file.
-"""
+"""Models and optimizers: which models are made float16, which optimizers train their
+parameters, the default dtype, and the small numeric helpers of the numerics rules."""
 
 from __future__ import annotations
 
@@ -29,15 +26,6 @@ def is_tiny(v: float | None) -> bool:
 
 def fmt_number(v: float) -> str:
     return f"{v:g}"
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
-
-
-def short(node: cst.CSTNode, limit: int = 40) -> str:
-    s = " ".join(code_of(node).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 # -- dtype conversions: semantic.casts ------------------------------------------------------

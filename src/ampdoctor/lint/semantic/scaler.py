@@ -1,4 +1,4 @@
-"""Source-order event analysis of the GradScaler protocol, shared by AMP102-AMP106.
+"""The GradScaler protocol: the loss-scaling events of a file in source order.
 
 ``ScalerFlow`` is a Rule base class (it is not registered: it lives outside the rules
 package) that records, while the engine walks the file, every event of the loss-scaling
@@ -28,6 +28,7 @@ import libcst as cst
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import vocabulary as voc
 
@@ -58,12 +59,11 @@ _WRAPPER_WORDS = ("accelerator", "engine", "fabric", "trainer", "strategy", "pre
 
 
 def code_of(node: cst.CSTNode) -> str:
-    return _CODE.code_for_node(node).strip()
+    return source.code(node).strip()
 
 
 def short(text: str, limit: int = 48) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return source.short(text, limit)
 
 
 def strip_parens(expr: cst.BaseExpression) -> cst.BaseExpression:

@@ -1,8 +1,8 @@
-"""Logic shared by the mask, NaN and attention rules (AMP201, AMP202, AMP203, AMP208, AMP209).
+"""Values: what an expression can hold, followed statically.
 
-Everything here is static: constants are folded from literals, fp16 use is read off the
-file, and data flow is followed through simple ``name = expr`` bindings inside one function,
-in source order.
+Constants folded from literals and module-level names (``-1e9``, ``float("-inf")``,
+``torch.finfo(dtype).min``), the float16 range, upcasts, and the shapes of attention
+(``softmax`` inputs, matmul operands). Data flow goes through ``semantic.flow``.
 """
 
 from __future__ import annotations

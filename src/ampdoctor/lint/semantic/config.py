@@ -1,5 +1,6 @@
-"""Logic shared by the scaler-setup and autocast-configuration rules (AMP107-AMP110, AMP301,
-AMP302). Rules never import each other; they share this module and ``helpers``."""
+"""Configuration: how a GradScaler is built and enabled (literal, by dtype, by a flag),
+which dtypes a setting can take, the rewrites that enable a scaler for float16 only, and
+``AutocastFlow``: which autocast regions feed a backward pass."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ampdoctor.lint import tree as _tree
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.semantic import source
 from ampdoctor.lint.rule import Context
 from ampdoctor.lint.semantic import vocabulary as voc
 
@@ -26,13 +28,11 @@ _ENABLED_POSITION = {
 # words in a condition that make a branch "about precision"
 
 
-def code(node: cst.CSTNode) -> str:
-    return _EMPTY.code_for_node(node)
+code = source.code
 
 
 def short(node: cst.CSTNode, limit: int = 60) -> str:
-    text = " ".join(code(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return source.short(node, limit)
 
 
 def is_grad_scaler_ctor(names: Names, node: cst.CSTNode) -> bool:
