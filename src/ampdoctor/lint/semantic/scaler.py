@@ -200,6 +200,14 @@ def reaches(a: Event, b: Event) -> bool:
     return True
 
 
+def _loop_names(target: cst.BaseExpression) -> set[str]:
+    if isinstance(target, cst.Name):
+        return {target.value.lower()}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_loop_names(e.value) for e in target.elements))
+    return set()
+
+
 # -- receivers ---------------------------------------------------------------------------
 
 def _wrapper_receiver(expr: cst.BaseExpression) -> bool:
@@ -296,10 +304,26 @@ class ScalerFlow(Rule):
 
     def _add(self, kind: str, node: cst.CSTNode, scaler: str | None, arg: str | None, **extra) -> None:
         region, loop, anc = self._context()
+        if kind in ("step", "unscale", "update"):
+            extra["round"] = self._round(node, region)
         self.events.append(Event(
             kind, node, scaler, arg, id(region), id(loop) if loop is not None else None, len(self.events),
             h.branch_path(self.ctx), self._conds(region, loop), frozenset(anc), self._exits(region),
             h.statement_of(self.ctx), dict(extra)))
+
+    def _round(self, node: cst.CSTNode, region) -> int:
+        """The id of the loop one pass of which is one round of optimizer steps (the training
+        iteration), else of the function: a loop over optimizers whose variable the call uses
+        (``for opt in optimizers: scaler.step(opt)``) is part of the round, not the round."""
+        used = set(h.names_in(node.args[0].value)) if isinstance(node, cst.Call) and node.args else set()
+        for p in self.ctx.ancestors():
+            if p is region:
+                break
+            if isinstance(p, h.LOOPS):
+                if isinstance(p, cst.For) and used & _loop_names(p.target):
+                    continue
+                return id(p)
+        return id(region)
 
     def _region_id(self) -> int:
         for p in self.ctx.ancestors():
