@@ -11,6 +11,11 @@ import re
 import tokenize
 from dataclasses import dataclass
 
+from ampdoctor.diagnostics import Diagnostic
+from ampdoctor.lint.registry import UNUSED_SUPPRESSION, all_infos
+from ampdoctor.lint.result import Settings
+from ampdoctor.lint.result import diag_at as _diag_at
+
 # a cheap look for comments that may concern ampdoctor; only then is the file tokenized
 QUICK = re.compile(rb"#\s*ampdoctor\s*:|#\s*noqa\s*:[^\n]*AMP", re.I)
 _AMPDOCTOR = re.compile(r"#\s*ampdoctor\s*:\s*(ignore-file|ignore)\b\s*(?:\[([^\]]*)\])?", re.I)
@@ -67,3 +72,45 @@ def parse(text: str) -> list[Suppression]:
 
 def is_code_like(code: str) -> bool:
     return bool(_CODE.match(code))
+
+
+def apply(path: str, text: str | None, data: bytes, diagnostics: list[Diagnostic],
+          settings: Settings) -> list[Diagnostic]:
+    """Drop the diagnostics a suppression comment covers and report unused suppressions (AMP003)."""
+    if text is None or not QUICK.search(data):
+        return diagnostics
+    sups = parse(text)
+    if not sups:
+        return diagnostics
+    kept = []
+    for d in diagnostics:
+        hit = False
+        for s in sups:
+            if s.file_level or s.line in (d.line, d.end_line):
+                entry = s.matches(d.code)
+                if entry is not None:
+                    s.used.add(entry)
+                    hit = True
+        if not hit:
+            kept.append(d)
+    if UNUSED_SUPPRESSION.code in settings.enabled:
+        known = all_infos()
+        for s in sups:
+            if s.codes is None:
+                if not s.used:
+                    kept.append(_diag_at(path, UNUSED_SUPPRESSION, s.line, s.column,
+                                         "unused suppression: nothing is reported here",
+                                         s.line, s.end_column))
+                continue
+            for c in s.codes:
+                if c in s.used:
+                    continue
+                matching = [k for k in known if k.startswith(c)]
+                if not matching:
+                    msg = f"unused suppression: unknown code {c}"
+                elif not any(k in settings.enabled for k in matching):
+                    continue  # the code is not enabled in this run, so it may well be needed
+                else:
+                    msg = f"unused suppression: {c} is not reported here"
+                kept.append(_diag_at(path, UNUSED_SUPPRESSION, s.line, s.column, msg, s.line, s.end_column))
+    return kept
