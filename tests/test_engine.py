@@ -74,3 +74,25 @@ def test_output_is_identical_across_hash_seeds_and_process_counts(tmp_path):
     assert len(outputs) == 1
     doc = json.loads(outputs.pop())
     assert doc["summary"]["files"] == 40 and doc["summary"]["diagnostics"] == 20 * 4
+
+
+def test_very_large_files_are_linted_in_groups_with_the_same_findings(monkeypatch):
+    """A file over LARGE_FILE is parsed a group of top-level statements at a time (memory);
+    statement-local findings and their positions are the same as in one pass, imports are
+    reported once, and no fix is offered."""
+    from ampdoctor.lint import engine
+
+    text = (FIXTURES / "lint" / "deprecated_device_amp.py").read_text("utf-8")
+    text += "".join(f"\n\ndef filler_{i}(x):\n    return x * {i}\n" for i in range(200))
+    settings = Settings(enabled=frozenset(all_infos()))
+    whole = lint_bytes("big.py", text.encode(), settings)
+    monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
+    monkeypatch.setattr(engine, "CHUNK_CHARS", 600)
+    passes = []
+    real = engine._lint_text
+    monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(len(a[1])) or real(*a))
+    grouped = lint_bytes("big.py", text.encode(), settings)
+    assert len(passes) > 3 and max(passes) < len(text) / 3  # parsed in groups, never whole
+    key = sorted((d.line, d.column, d.code, d.message) for d in whole.diagnostics)
+    assert key and key == sorted((d.line, d.column, d.code, d.message) for d in grouped.diagnostics)
+    assert all(d.fix is None for d in grouped.diagnostics)

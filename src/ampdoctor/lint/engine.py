@@ -6,6 +6,8 @@ main process and in pool workers, and the results can be cached.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
 import sys
 import threading
@@ -24,6 +26,9 @@ from ampdoctor.lint.dispatch import Dispatcher, active_rules
 from ampdoctor.lint.fixes import keep_final_cr, select_non_overlapping, apply_fixes, text_edits
 from ampdoctor.lint.positions import node_positions
 MAX_FIX_ROUNDS = 10
+# files larger than this are linted a group of top-level statements at a time (memory)
+LARGE_FILE = 512 * 1024
+CHUNK_CHARS = 128 * 1024
 
 # Deeply nested code exhausts Python's recursion limit in libcst (positions, code generation)
 # and in rules. Such a file is linted again in a thread with a large stack and a higher limit.
@@ -218,6 +223,8 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
     if too_deep is not None:
         errors.append(_diag_at(path, SYNTAX_ERROR, *too_deep))
         passed = _Pass(None, [], [])
+    elif len(text) > LARGE_FILE:
+        passed = _lint_chunked(path, text, settings, errors)
     else:
         passed = _lint_text(path, current, settings, errors)
     if settings.fix and passed.module is not None:
@@ -253,6 +260,50 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
     diags = passed.diagnostics + _filter_engine(errors, enabled)
     result.diagnostics = sorted(suppress.apply(path, current, result.fixed or data, diags, settings))
     return result
+
+
+def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnostic]) -> _Pass:
+    """A very large (usually generated) file, linted a group of top-level statements at a time
+    so that only one group's tree is in memory: each group after the first gets the file's
+    top-level imports in front of it, and positions are mapped back. Facts do not cross groups,
+    and no fixes are offered (``module`` stays None)."""
+    try:
+        tree_ = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return _lint_text(path, text, settings, errors)  # the whole-file path reports it
+    lines = text.splitlines(keepends=True)
+    body = tree_.body
+    if len(body) < 2:
+        return _lint_text(path, text, settings, errors)
+
+    def start(n: ast.stmt) -> int:
+        return min([n.lineno, *(d.lineno for d in getattr(n, "decorator_list", ()))])
+
+    header = "".join("".join(lines[n.lineno - 1:n.end_lineno]) for n in body
+                     if isinstance(n, (ast.Import, ast.ImportFrom)))
+    header_lines = header.count("\n")
+    groups: list[tuple[int, int]] = []  # (first line, last line), 1-based
+    first, size = 1, 0
+    for i, n in enumerate(body):
+        nxt = start(body[i + 1]) if i + 1 < len(body) else len(lines) + 1
+        size += sum(len(x) for x in lines[start(n) - 1:nxt - 1])
+        if size >= CHUNK_CHARS or i + 1 == len(body):
+            groups.append((first, nxt - 1))
+            first, size = nxt, 0
+    quiet = Settings(enabled=settings.enabled, min_torch=settings.min_torch, fix=None, want_edits=False)
+    out: list[Diagnostic] = []
+    for k, (lo, hi) in enumerate(groups):
+        prefix = header if k else ""
+        shift = lo - 1 - (header_lines if k else 0)
+        chunk_errors: list[Diagnostic] = []
+        passed = _lint_text(path, prefix + "".join(lines[lo - 1:hi]), quiet, chunk_errors)
+        for d in passed.diagnostics + chunk_errors:
+            if k and d.line <= header_lines:
+                continue  # the copied imports: reported with the first group
+            moved = dataclasses.replace(d, line=d.line + shift, end_line=d.end_line + shift, fix=None)
+            (errors if d in chunk_errors else out).append(moved)
+        del passed
+    return _Pass(None, out, [])
 
 
 def _filter_engine(errors: list[Diagnostic], enabled: frozenset[str]) -> list[Diagnostic]:
