@@ -10,6 +10,8 @@ from ampdoctor.lint.semantic import config as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic.facts import facts_of
+from ampdoctor.lint.semantic.flow import flow_of
 
 _SAVE = {"torch.save", "torch.serialization.save"}
 _SCALER_METHODS = ("scale", "unscale_", "step", "update")
@@ -23,12 +25,12 @@ class _Save:
     arg: cst.BaseExpression
     order: int
     func_id: int  # id of the enclosing def, 0 at module level
-    function: str | None  # name of the enclosing def
+    function: cst.FunctionDef | None  # the enclosing def
     klass: int | None  # id of the enclosing class
 
 
-def _where(ctx) -> tuple[int, str | None, int | None]:
-    """(id of the innermost def or 0, its name, id of the innermost class or None)."""
+def _where(ctx) -> tuple[int, cst.FunctionDef | None, int | None]:
+    """(id of the innermost def or 0, that def, id of the innermost class or None)."""
     func = None
     klass = None
     for p in ctx.ancestors():
@@ -36,7 +38,7 @@ def _where(ctx) -> tuple[int, str | None, int | None]:
             func = p
         elif isinstance(p, cst.ClassDef) and klass is None:
             klass = p
-    return (id(func) if func else 0), (func.name.value if func else None), (id(klass) if klass else None)
+    return (id(func) if func else 0), func, (id(klass) if klass else None)
 
 
 class CheckpointMissingScaler(Rule):
@@ -60,14 +62,12 @@ class CheckpointMissingScaler(Rule):
         self.saved_classes: set[int] = set()
         self.scaler_names: list[str] = []
         self.saves: list[_Save] = []
-        # (scope id, name) -> list of (order, value) of every binding; names that are mutated
-        self.bindings: dict[tuple[int, str], list[tuple[int, cst.BaseExpression | None]]] = {}
+        # (scope id, name) of dicts changed in place (`ckpt["scaler"] = ...`, `ckpt.update(...)`)
         self.mutated: set[tuple[int, str]] = set()
         self.order = 0
-        # where the scaler lives: defs, classes, module level; and the names each def calls
+        # where the scaler lives: defs, classes, module level
         self.scaler_defs: set[int] = set()
         self.scaler_classes: set[int] = set()
-        self.calls: dict[int, set[str]] = {}
 
     def _scope(self) -> int:
         s = h.enclosing_scope(self.ctx)
@@ -79,9 +79,6 @@ class CheckpointMissingScaler(Rule):
         self.order += 1
         names = self.ctx.names
         scope, _, klass = _where(self.ctx)
-        callee = dotted_name(node.func)
-        if callee is not None:
-            self.calls.setdefault(scope, set()).add(callee.rsplit(".", 1)[-1])
         if u.is_grad_scaler_ctor(names, node):
             if not u.scaler_off(names, node):
                 t = u.scaler_target(self.ctx)
@@ -105,8 +102,8 @@ class CheckpointMissingScaler(Rule):
                     self._scaler_here(scope, klass, dotted_name(recv))
             return
         if names.qualified(node.func) in _SAVE and node.args and node.args[0].keyword is None:
-            _, fname, _ = _where(self.ctx)
-            self.saves.append(_Save(node, self._scope(), node.args[0].value, self.order, scope, fname, klass))
+            _, fn, _ = _where(self.ctx)
+            self.saves.append(_Save(node, self._scope(), node.args[0].value, self.order, scope, fn, klass))
 
     def _scaler_here(self, scope: int, klass: int | None, name: str | None) -> None:
         self.uses_scaler = True
@@ -121,35 +118,23 @@ class CheckpointMissingScaler(Rule):
             return True
         if save.func_id in self.scaler_defs:
             return True
-        return save.function is not None and any(
-            save.function in self.calls.get(d, ()) for d in self.scaler_defs)
+        fn = facts_of(self.ctx).calls.function(save.function) if save.function is not None else None
+        return fn is not None and any(site.caller is not None and id(site.caller.node) in self.scaler_defs
+                                      for site in fn.sites)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        self.order += 1
         for t in node.targets:
-            self._bind(t.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.order += 1
-        self._bind(node.target, node.value)
+            self._subscript(t.target)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._bind(node.target, None)
+        self._subscript(node.target)
 
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        scope = self._scope()
-        if isinstance(target, cst.Subscript):  # `ckpt["scaler"] = ...`
+    def _subscript(self, target: cst.BaseExpression) -> None:
+        """``ckpt["scaler"] = ...``: that dict is completed in place."""
+        if isinstance(target, cst.Subscript):
             d = dotted_name(target.value)
             if d is not None:
-                self.mutated.add((scope, d))
-            return
-        d = dotted_name(target)
-        if d is None:
-            if isinstance(target, (cst.Tuple, cst.List)):
-                for e in target.elements:
-                    self._bind(e.value, None)
-            return
-        self.bindings.setdefault((scope, d), []).append((self.order, value))
+                self.mutated.add((self._scope(), d))
 
     # -- decision ---------------------------------------------------------------------
 
@@ -173,18 +158,19 @@ class CheckpointMissingScaler(Rule):
         if isinstance(save.arg, cst.Dict):
             return save.arg
         name = dotted_name(save.arg)
-        if name is None:
+        if name is None or (save.scope, name) in self.mutated:
             return None
-        key = (save.scope, name)
-        if key in self.mutated:
+        root = save.function if save.function is not None else self.ctx.parents[0]
+        flow = flow_of(self.ctx, root)
+        # the one binding that reaches the save (a checkpoint loaded earlier under the same name
+        # is common); none after it, which could flow back around a loop
+        at = flow.pos(save.call)
+        if any(a.order > at for a in flow.assigns.get(name, [])):
             return None
-        # the latest binding before the save (a checkpoint loaded earlier under the same name
-        # is common); a later one may flow back around a loop
-        binds = self.bindings.get(key, [])
-        before = [b for b in binds if b[0] < save.order]
-        if not before or len(before) != len(binds) or not isinstance(before[-1][1], cst.Dict):
+        reaching = flow.reaching(name, save.call)
+        if len(reaching) != 1 or not isinstance(reaching[0].value, cst.Dict):
             return None
-        return before[-1][1]
+        return reaching[0].value
 
     def _has_optimizer(self, d: cst.Dict) -> bool:
         for el in d.elements:

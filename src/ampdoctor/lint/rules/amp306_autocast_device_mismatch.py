@@ -9,6 +9,7 @@ from ampdoctor.lint.semantic import edits
 from ampdoctor.lint.semantic import source
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
+from ampdoctor.lint.semantic.flow import flow_of
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import autocast as acs
 
@@ -35,12 +36,9 @@ _MISMATCH = ("This autocast uses device_type \"{ac}\" but this function puts its
 
 
 class _Scope:
-    __slots__ = ("assigned", "params", "evidence")
+    __slots__ = ("params", "evidence")
 
     def __init__(self, params: set[str]) -> None:
-        # name -> kinds of the values bound to it so far: ("device", type) for torch.device("cuda:0"),
-        # ("torch.device", None) for torch.device(<expr>), ("str", type) for a device string, ("other", None)
-        self.assigned: dict[str, list[tuple[str, str | None]]] = {}
         self.params = params
         # device types the function placed tensors on so far (None: a placement we cannot read),
         # with the if/try branches they sit in
@@ -94,16 +92,12 @@ class AutocastDeviceMismatch(Rule):
         scope = self.scopes[-1]
         kind = self._kind(node.value)
         for t in node.targets:
-            if isinstance(t.target, cst.Name):
-                name = t.target.value
-                scope.assigned.setdefault(name, []).append(kind)
-                if "device" in name.lower():
-                    scope.evidence.append((self._device_of_kind(kind), h.branch_path(self.ctx)))
+            if isinstance(t.target, cst.Name) and "device" in t.target.value.lower():
+                scope.evidence.append((self._device_of_kind(kind), h.branch_path(self.ctx)))
 
     def leave_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and isinstance(node.target, cst.Name):
             kind = self._kind(node.value)
-            self.scopes[-1].assigned.setdefault(node.target.value, []).append(kind)
             if "device" in node.target.value.lower():
                 self.scopes[-1].evidence.append((self._device_of_kind(kind), h.branch_path(self.ctx)))
 
@@ -126,10 +120,19 @@ class AutocastDeviceMismatch(Rule):
         return None
 
     def _known(self, name: str) -> list[tuple[str, str | None]] | None:
+        """The kinds of the values ``name`` was bound to in this function before the current node:
+        ("device", type) for ``torch.device("cuda:0")``, ("torch.device", None) for
+        ``torch.device(<expr>)``, ("str", type) for a device string, ("other", None); None for a
+        parameter or a name never bound here."""
         scope = self.scopes[-1]
         if name in scope.params:
             return None
-        return scope.assigned.get(name)
+        root = next((p for p in self.ctx.ancestors() if isinstance(p, (cst.FunctionDef, cst.Lambda))),
+                    self.ctx.parents[0])
+        if isinstance(root, cst.Lambda):
+            return None
+        before = flow_of(self.ctx, root).assignments_before(name, self.ctx.parents[-1])
+        return [self._kind(a.value) if a.value is not None else ("other", None) for a in before] or None
 
     def _is_torch_device(self, expr: cst.BaseExpression) -> bool:
         """A name bound only to ``torch.device(...)`` in this function (statically clear)."""
