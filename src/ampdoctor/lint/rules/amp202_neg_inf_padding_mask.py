@@ -152,8 +152,10 @@ class NegInfPaddingMask(Rule):
         for b in sorted(flow.bindings, key=lambda b: b.end):
             if b.start > start and b.value is not None and tainted & mu.expr_names(b.value):
                 tainted.add(b.name)
+        fill_arms = flow.branches(f.call)
         for sm, inp in softmaxes:
-            if flow.pos(sm) > start and tainted & mu.expr_names(inp):
+            if flow.pos(sm) > start and tainted & mu.expr_names(inp) and \
+                    not h.exclusive(fill_arms, flow.branches(sm)):  # not the `else:` of the fill's `if`
                 return sm
         return None
 
@@ -218,12 +220,13 @@ class NegInfPaddingMask(Rule):
             if not isinstance(n, cst.Call):
                 continue
             q = self.ctx.names.qualified(n.func) or ""
-            last = q.rsplit(".", 1)[-1]
+            last = n.func.attr.value if isinstance(n.func, cst.Attribute) else q.rsplit(".", 1)[-1]
             if last in ("nan_to_num", "nan_to_num_", "isnan", "isfinite", "isinf", "isneginf", "_safe_softmax"):
                 return True
             if last in ("all", "any") and mask_names & mu.expr_names(n):
                 return True
-            if flow.pos(n) > flow.pos(sm) and last in ("masked_fill", "masked_fill_", "where"):
+            if (flow.pos(n) > flow.pos(sm) or flow.within(sm, n)) and last in ("masked_fill", "masked_fill_", "where"):
+                # a second fill after the softmax, or around it: `softmax(s).masked_fill(mask, 0.0)`
                 for a in n.args:
                     if h.number_value(a.value) == 0:
                         return True

@@ -120,7 +120,7 @@ class AutocastImplicitFp16(Rule):
             self._argument(node)
             return
         mc = h.method_call(node, "to", "bfloat16")
-        if mc is not None and (mc[1] == "bfloat16" and not node.args or
+        if mc is not None and not u.in_precision_branch(self.ctx) and (mc[1] == "bfloat16" and not node.args or
                                mc[1] == "to" and any(h.dtype_of(names, a.value) == "bfloat16" for a in node.args)):
             self._config(f"`{u.short(node, 40)}`")  # a model or its inputs moved to bfloat16
             return

@@ -63,3 +63,18 @@ def is_bf16_flag(node: cst.CSTNode) -> bool:
     """A name or attribute that is a bfloat16 switch: ``bf16``, ``args.use_bf16``, ``bf16_enabled``."""
     d = dotted_name(node)
     return d is not None and bool(_BF16_FLAG.match(d.rsplit(".", 1)[-1].lower()))
+
+
+def in_test(ctx) -> bool:
+    """The current node is test code: inside a ``test*`` function or a ``Test*`` class, or in a
+    ``test_*.py``/``*_test.py`` file. Tests set odd AMP configurations on purpose (a tiny loss
+    scale, a hand cast inside autocast) to exercise them."""
+    name = ctx.path.replace("\\", "/").rsplit("/", 1)[-1]
+    if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
+        return True
+    for p in ctx.ancestors():
+        if isinstance(p, cst.FunctionDef) and p.name.value.startswith("test"):
+            return True
+        if isinstance(p, cst.ClassDef) and p.name.value.startswith("Test"):
+            return True
+    return False
