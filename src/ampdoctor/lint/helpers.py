@@ -50,6 +50,19 @@ def mark_enclosing_functions(ctx: Context, marked: set[int]) -> None:
             marked.add(id(p))
 
 
+def in_try_finally(ctx: Context) -> cst.Try | None:
+    """The innermost ``try`` (in the current function) whose body holds the current node and
+    that has a ``finally:``."""
+    stack = ctx.parents
+    for i in range(len(stack) - 2, -1, -1):
+        p, child = stack[i], stack[i + 1]
+        if isinstance(p, SCOPES):
+            return None
+        if isinstance(p, cst.Try) and child is p.body and p.finalbody is not None:
+            return p
+    return None
+
+
 def method_call(node: cst.CSTNode, *methods: str) -> tuple[cst.BaseExpression, str] | None:
     """For ``recv.meth(...)`` with meth in ``methods``: (recv, meth)."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods:

@@ -125,33 +125,20 @@ class NegInfPaddingMask(Rule):
         return mu.softmax_input(self.ctx.names, n)
 
     def _reaches_softmax(self, f: _Fill, flow: FunctionFlow, softmaxes) -> cst.CSTNode | None:
-        at = flow.pos(f.call)
         for sm, inp in softmaxes:
             if flow.within(f.call, inp):
                 return sm
-        tainted: set[str] = set()
-        start = at
+        seed: set[str] = set()
         if h.method_call(f.call, "masked_fill_") and f.recv is not None:
             base = f.recv
             while isinstance(base, cst.Subscript):
                 base = base.value
             d = dotted_name(base)
             if d is not None:
-                tainted.add(d)
-        for p in flow.ancestors(f.call):
-            if isinstance(p, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr)):
-                start = flow.end[id(p)]
-                for b in flow.bindings:
-                    if b.start == flow.pos(p):
-                        tainted.add(b.name)
-                break
-            if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-                break
+                seed.add(d)
+        start, tainted = flow.derived(f.call, seed)
         if not tainted:
             return None
-        for b in sorted(flow.bindings, key=lambda b: b.end):
-            if b.start > start and b.value is not None and tainted & mu.expr_names(b.value):
-                tainted.add(b.name)
         fill_arms = flow.branches(f.call)
         for sm, inp in softmaxes:
             if flow.pos(sm) > start and tainted & mu.expr_names(inp) and \

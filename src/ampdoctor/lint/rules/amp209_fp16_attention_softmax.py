@@ -183,23 +183,14 @@ class Fp16AttentionSoftmax(Rule):
         """The probabilities reach a matmul with the values: directly (``softmax(s) @ v``) or
         through names bound in this function (dropout, reshapes)."""
         names = self.ctx.names
-        tainted: set[str] = set()
-        start = flow.pos(sm.call)
         for p in flow.ancestors(sm.call):
-            ops = mu.matmul_operands(names, p)
-            if ops is not None:
-                return True
-            if isinstance(p, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
-                start = flow.end[id(p)]
-                tainted |= {b.name for b in flow.bindings if b.start == flow.pos(p)}
-                break
+            if mu.matmul_operands(names, p) is not None:
+                return True  # `softmax(s) @ v` in one expression
             if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
                 break
+        start, tainted = flow.derived(sm.call)
         if not tainted:
             return False
-        for b in sorted(flow.bindings, key=lambda b: b.end):
-            if b.start > start and b.value is not None and tainted & mu.expr_names(b.value):
-                tainted.add(b.name)
         for n in flow.nodes[start + 1:]:
             ops = mu.matmul_operands(names, n)
             if ops is not None and any(tainted & mu.expr_names(op) for op in ops):

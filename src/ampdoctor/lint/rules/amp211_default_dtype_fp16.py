@@ -77,16 +77,9 @@ class DefaultDtypeFp16(Rule):
         self.sets.append(_Set(node, fp16, id(scope), len(self.sets), h.branch_path(self.ctx)))
 
     def _restored_by_finally(self) -> bool:
-        stack = self.ctx.parents
-        for i in range(len(stack) - 2, -1, -1):
-            p, child = stack[i], stack[i + 1]
-            if isinstance(p, h.SCOPES):
-                return False
-            if isinstance(p, cst.Try) and child is p.body and p.finalbody is not None:
-                for n in h.walk(p.finalbody):
-                    if isinstance(n, cst.Call) and self.ctx.names.qualified(n.func) in _SETTERS:
-                        return True
-        return False
+        t = h.in_try_finally(self.ctx)
+        return t is not None and any(isinstance(n, cst.Call) and self.ctx.names.qualified(n.func) in _SETTERS
+                                     for n in h.walk(t.finalbody))
 
     def leave_Module(self, node: cst.Module) -> None:
         if self.teardown_restores:

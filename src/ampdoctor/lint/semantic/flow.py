@@ -161,6 +161,28 @@ class FunctionFlow:
         return tuple(reversed(out))
 
     # -- bindings ------------------------------------------------------------------------
+    def derived(self, node: cst.CSTNode, seed: set[str] | None = None) -> tuple[int, set[str]]:
+        """The names whose values come from ``node``: those bound by the statement holding it
+        (``p = softmax(s)``), ``seed``, and every later binding computed from them
+        (``p = dropout(p)``, ``w = p * m``); with the position after which they hold."""
+        from ampdoctor.lint.semantic.values import expr_names
+
+        tainted = set(seed or ())
+        start = self.pos(node)
+        for p in self.ancestors(node):
+            if isinstance(p, (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.NamedExpr)):
+                start = self.end[id(p)]
+                tainted |= {b.name for b in self.bindings if b.start == self.pos(p)}
+                break
+            if isinstance(p, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                break
+        if tainted:
+            for b in sorted(self.bindings, key=lambda b: b.end):
+                if b.start > start and b.value is not None and tainted & expr_names(b.value):
+                    tainted.add(b.name)
+        return start, tainted
+
+
     def binding_at(self, name: str, at: int) -> Binding | None:
         """The most recent binding of ``name`` visible at preorder index ``at``."""
         best = None

@@ -347,14 +347,7 @@ class Fp16ModelTracker:
                                                    h.branch_path(self.ctx)))
 
     def _in_try_finally(self) -> bool:
-        stack = self.ctx.parents
-        for i in range(len(stack) - 2, -1, -1):
-            p, child = stack[i], stack[i + 1]
-            if isinstance(p, h.SCOPES):
-                return False
-            if isinstance(p, cst.Try) and child is p.body and p.finalbody is not None:
-                return True
-        return False
+        return h.in_try_finally(self.ctx) is not None
 
     def leave_Assign(self, node: cst.Assign) -> None:
         fn_scope, _ = scope_keys(self.ctx)
