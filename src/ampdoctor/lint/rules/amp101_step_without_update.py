@@ -4,6 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.rule import FixSpec
+from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.semantic.scaler import Event, ScalerFlow, exclusive
 
 
@@ -22,6 +23,8 @@ class StepWithoutUpdate(ScalerFlow):
     fix_availability = "unsafe"
     words = (b"scaler", b"Scaler")
     summary = "`GradScaler.step()` without `GradScaler.update()` in the same iteration."
+
+    _built: bool | None = None
 
     def decide(self) -> None:
         protocol = [e for e in self.events if e.kind in ("step", "update")]
@@ -45,7 +48,16 @@ class StepWithoutUpdate(ScalerFlow):
                     continue  # update earlier in the loop body, for the previous step
             elif e.scaler in updated:
                 continue  # the update lives in another function (a split step/update protocol)
+            elif not self._built_here():
+                continue  # the scaler comes from another file, and so does its protocol's update
             self._flag(e, self.message.format(s=e.scaler))
+
+    def _built_here(self) -> bool:
+        """The file constructs an enabled GradScaler (else a step outside any loop belongs to a
+        protocol another file drives: `def step_all(self, grad_scaler): ...` called by a trainer)."""
+        if self._built is None:
+            self._built = any(f.kind == "scaler" for f in facts_of(self.ctx).evidence.facts)
+        return self._built
 
     def _flag(self, e: Event, message: str) -> None:
         fix = None
