@@ -137,6 +137,8 @@ class MaskFinfoMinSum(Rule):
             return self._holds(expr.value, flow, at, binding_holds)
         if isinstance(expr, cst.IfExp):
             return self._holds(expr.body, flow, at, binding_holds) or self._holds(expr.orelse, flow, at, binding_holds)
+        if isinstance(expr, (cst.List, cst.Tuple)):  # `torch.cat([zeros, mask])`
+            return any(self._holds(e.value, flow, at, binding_holds) for e in expr.elements)
         return False
 
     @staticmethod
