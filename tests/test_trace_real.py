@@ -1041,3 +1041,60 @@ def test_finding_lines_keep_the_module_name_in_the_text_report():
     assert any(line.startswith("nonfinite [0] forward step 0") for line in lines)
     table = lines[lines.index(next(x for x in lines if x.startswith("worst layers"))):]
     assert "│ 0 " in next(x for x in table if "│" in x and "module" not in x)  # the origin row comes first
+
+
+# -- blame: order and stored values ----------------------------------------------------------------
+
+class _TwoTables(nn.Module):
+    """Two independent modules that both make NaN in one call: `zz` runs first, `aa` second."""
+
+    def __init__(self):
+        super().__init__()
+        self.zz = nn.Embedding(10, 4)
+        self.aa = nn.Embedding(10, 4)
+
+    def forward(self, x):
+        return self.zz(x).sum() + self.aa(x).sum()
+
+
+def test_the_first_origin_is_the_module_that_failed_first_not_the_first_by_name():
+    m = _TwoTables()
+    with torch.no_grad():
+        m.zz.weight[3, 0] = float("nan")
+        m.aa.weight[3, 0] = float("nan")
+    with Tracer() as t, torch.no_grad():
+        for _ in range(2):
+            m(torch.tensor([3, 4]))
+    rep = t.report()
+    assert rep["first_nonfinite"]["module"] == "zz"
+    assert [o for o, _ in origins(rep)] == ["zz", "aa"]
+
+
+def test_nan_stored_in_the_weights_is_not_blamed_on_the_forward_code():
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    with torch.no_grad():
+        m[2].weight[0, 0] = float("nan")
+    with Tracer() as t, torch.no_grad():
+        for _ in range(2):
+            m(torch.ones(3, 4))
+    rep = t.report()
+    f = next(f for f in rep["findings"] if f["module"] == "2")
+    assert "`weight` already held NaN/Inf" in f["message"] and "own forward code" not in f["message"]
+
+
+def test_nan_made_by_a_forward_and_then_written_by_the_update_is_still_the_forwards():
+    """Without a scaler, the inf a forward makes reaches the weights through the optimizer in the
+    same step: at the end of that step the weights hold NaN, but the forward made it first."""
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    with torch.no_grad():
+        m[0].weight.fill_(1.0)
+        m[1].weight.fill_(1.0)  # the first layer's weight gradient, 2 x 3e38, overflows too
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with Tracer() as t:
+        loss = m(torch.full((2, 4), 3e38)).sum()  # 4 x 3e38 overflows float32 in the first Linear
+        loss.backward()
+        opt.step()
+    assert not torch.isfinite(m[0].weight).all()  # the update wrote the non-finite values in
+    rep = t.report()
+    f = next(f for f in rep["findings"] if f["phase"] == "forward")
+    assert f["module"] == "0" and "already held" not in f["message"]

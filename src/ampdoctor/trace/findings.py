@@ -253,7 +253,15 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
             op = o.node or {}
             at = f" ({op['op']} produced {op.get('produced') or 'it'} first)" if op.get("op") else ""
             note = f" ({op['note']})" if op.get("note") and op.get("op") else ""
-            if o.kind == "overflow" and not compiled(o.key):
+            if o.stored:
+                held = ", ".join(f"`{n}`" for n in o.stored[:4])
+                out.append({"kind": "nonfinite", "module": name, "phase": "forward", "step": step, "op": None,
+                            "message": f"`{name}` ({cls}) produced {'NaN' if o.produced == 'nan' else 'inf'} from "
+                                       f"finite inputs{at} (step {step}) because its own {held} already held "
+                                       "NaN/Inf: the values are stored in the weights, not made by this call. "
+                                       "Look at what wrote them: an earlier update (an optimizer step on "
+                                       "non-finite gradients), a checkpoint, or an in-place initialisation."})
+            elif o.kind == "overflow" and not compiled(o.key):
                 fmt = FORMATS[o.dtype] if o.dtype in FORMATS else FORMATS["float16"]
                 out.append({"kind": "overflow", "module": name, "phase": "forward", "step": step,
                             "op": op.get("op"),
@@ -438,9 +446,10 @@ def _findings(tracer, target: str, rows: list[dict], aggs: dict, names: dict, he
             out.append({"kind": "scaler", "module": None, "phase": "backward", "step": recs[-1].step,
                         "message": f"The loss scale never grew in {len(recs)} steps (growth_interval={interval}): "
                                    "steps keep being skipped before it can grow."})
+    # a stable sort: within a step, phase and kind, findings keep the order things happened in
     out.sort(key=lambda f: (f["step"] if f["step"] is not None else 1 << 30, f["kind"] == "scaler",
                             _PHASES.index(f["phase"]) if f["phase"] in _PHASES else 9,
-                            KINDS.index(f["kind"]), f["module"] or ""))
+                            KINDS.index(f["kind"])))
     return out
 
 

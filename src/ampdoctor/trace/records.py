@@ -107,10 +107,11 @@ class Origin:
     kind: str  # "overflow" or "nonfinite"
     produced: str = "nan"  # "nan" or "inf"
     also: list[int] = field(default_factory=list)  # modules that cannot be told apart from this one
-    seq: int = 0  # when it happened: origins are reported in this order
+    seq: int = -1  # when it happened (-1: not yet known): origins are reported in this order
     params: list[int] = field(default_factory=list)
     node: dict | None = None  # the autograd node / aten op, when the replay could name it
     dtype: str | None = None
+    stored: list[str] = field(default_factory=list)  # own parameters/buffers that already held NaN/Inf
 
 
 @dataclass

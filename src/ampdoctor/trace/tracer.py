@@ -422,6 +422,7 @@ class Tracer:
                 self._loss_gids.append(gid)
 
     def _optimizer_pre_hook(self, optimizer, args, kwargs) -> None:
+        self._updated = True
         if self._active and not self._in_enabled_scaler_step:
             self._guard(self._probe_params, optimizer, False)
 
@@ -598,6 +599,7 @@ class Tracer:
         self._fwd_batched = 0
         self._backward_seen = False
         self._step_fp16 = False
+        self._updated = False  # an optimizer changed the weights in this step (it was not skipped)
         self._tops: dict[int, weakref.ref] = {}  # the modules called at the top level in this step
 
     def _transfer(self) -> dict[int, st.TensorSummary]:
@@ -723,11 +725,35 @@ class Tracer:
         overflow = not nan and bool(low)
         if overflow:
             agg.mark(agg.overflow_steps, step)
+        stored = self._stored_nonfinite(c.key)
+        if stored:
+            overflow = False  # the weights already held it: not this call's arithmetic
         op = None
-        if self._replayer is not None:
+        if self._replayer is not None and not stored:
             op = self._replayer.forward_origin(c)
         self._add_origin(Origin(step, "forward", agg.key, "overflow" if overflow else "nonfinite",
-                                "nan" if nan else "inf", node=op, dtype=low[0] if low else bad[0].dtype, seq=c.seq))
+                                "nan" if nan else "inf", node=op, dtype=low[0] if low else bad[0].dtype, seq=c.seq,
+                                stored=stored))
+
+    def _stored_nonfinite(self, key: int) -> list[str]:
+        """The module's own parameters and floating buffers that hold NaN/Inf now (checked only
+        for an origin, which is rare: one reduction and one host read per tensor)."""
+        if self._updated:
+            return []  # the weights were updated after the forward: they may hold what it made
+        m = self.namer.mods.get(key)
+        module = m.ref() if m is not None and m.ref is not None else None
+        if module is None:
+            return []
+        out = []
+        try:
+            with torch.no_grad():
+                for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+                    if t is not None and t.is_floating_point() and not skip_reason(t) \
+                            and not bool(torch.isfinite(t).all()):
+                        out.append(name)
+        except Exception:  # a tensor subclass that cannot be reduced: no claim
+            return []
+        return out
 
     def _input_origin(self, step: int, c: _Call) -> None:
         """A top-level call given NaN/Inf that no module made: it came with the data, or from code
@@ -737,7 +763,7 @@ class Tracer:
             self._add_origin(Origin(step, "input", self.namer.canonical(c.key), "nonfinite", seq=c.seq))
 
     def _add_origin(self, o: Origin) -> None:
-        if not o.seq:
+        if o.seq < 0:
             o.seq = self._gid + 1  # loss, backward and parameter origins: after the step's forward calls
         if len(self.origins) < 256:
             self.origins.append(o)
