@@ -1098,3 +1098,30 @@ def test_nan_made_by_a_forward_and_then_written_by_the_update_is_still_the_forwa
     rep = t.report()
     f = next(f for f in rep["findings"] if f["phase"] == "forward")
     assert f["module"] == "0" and "already held" not in f["message"]
+
+
+def test_a_gradient_penalty_that_overflows_is_named_as_such_not_as_the_loss_code():
+    """The AMP gradient-penalty recipe: autograd.grad(scaler.scale(out), x, create_graph=True).
+    At the initial scale the float16 gradient overflows; the loss built on it is non-finite, but
+    the loss code is not at fault, and the skip is the GradScaler's warm-up."""
+    torch.manual_seed(0)
+    D = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(D.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with Tracer() as t:
+        for _ in range(2):
+            x = torch.randn(3, 4).requires_grad_()
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = D(x)
+            g = torch.autograd.grad(scaler.scale(out), x, grad_outputs=torch.ones_like(out), create_graph=True)[0]
+            g = g / scaler.get_scale()
+            loss = out.float().mean() + ((g.norm(2, dim=1) - 1) ** 2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    rep = t.report()
+    assert rep["scaler"]["steps"][0]["skipped"] and rep["scaler"]["steps"][0]["health"] == "warmup"
+    assert not any(f["phase"] == "loss" for f in rep["findings"])
+    origin = next(o for o in t.origins if o.step == 0)
+    assert origin.phase == "backward" and origin.via == "autograd.grad"

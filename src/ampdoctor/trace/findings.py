@@ -306,7 +306,19 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
         o = first[0]
         node = o.node or {}
         what = "NaN" if (node.get("produced") or o.produced) == "nan" else "NaN/inf"
-        if o.key is None:
+        if o.via == "autograd.grad":
+            fp16 = o.dtype in LOW_PRECISION
+            out.append({"kind": "nonfinite", "module": None, "phase": "backward", "step": step,
+                        "message": f"The gradients that torch.autograd.grad(...) returned were {what} (step {step}): "
+                                   "a gradient penalty or double backward overflowed, and the loss built on "
+                                   "them followed." + (
+                                       f" They are {o.dtype}: a loss scale applied to its outputs "
+                                       "(scaler.scale(out)) must fit in that range, so expect the GradScaler to "
+                                       "skip the first steps while it backs off; divide the gradients by "
+                                       "scaler.get_scale() before building the penalty."
+                                       if fp16 else " Look for a sqrt or norm of 0, or a division by 0, in "
+                                                    "what is differentiated.")})
+        elif o.key is None:
             out.append({"kind": "nonfinite", "module": None, "phase": "backward", "step": step,
                         "message": f"Gradients became {what} outside any module in backward (step {step}): "
                                    "between the loss and the model's outputs, or in code between modules, while "
@@ -340,12 +352,21 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
     else:
         o = first[0]
         ps = [tracer.namer.param_name(k) for k in o.params]
+        if o.via == "double-backward":
+            message = (f"The gradients of {_list(ps)} were non-finite (step {step}). This step differentiated "
+                       "a gradient (torch.autograd.grad(..., create_graph=True)): part of these gradients came "
+                       "through the graph of that gradient penalty, which module hooks do not see, and every "
+                       "gradient between modules was finite, so the NaN/inf most likely arose there, e.g. the "
+                       "backward of a norm or sqrt at 0 (add a small eps inside the norm). With float16, a "
+                       "GradScaler skips such steps; without one, these parameters were updated with NaN/inf.")
+        else:
+            message = (f"The gradients of {_list(ps)} were non-finite (step {step}) while every gradient "
+                       "flowing between modules was finite: the product that forms a weight's gradient "
+                       "(input x output gradient, summed over the batch) overflowed, or something wrote "
+                       "NaN/inf into .grad. With float16, a GradScaler skips such steps; without one, "
+                       "these parameters were updated with NaN/inf.")
         out.append({"kind": "nonfinite", "module": None, "phase": "param", "step": step, "params": ps,
-                    "message": f"The gradients of {_list(ps)} were non-finite (step {step}) while every gradient "
-                               "flowing between modules was finite: the product that forms a weight's gradient "
-                               "(input x output gradient, summed over the batch) overflowed, or something wrote "
-                               "NaN/inf into .grad. With float16, a GradScaler skips such steps; without one, "
-                               "these parameters were updated with NaN/inf."})
+                    "message": message})
     for f in out:
         f["origin"] = True
     return out

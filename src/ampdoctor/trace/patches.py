@@ -50,7 +50,7 @@ class Patches:
             if "scale" in own:
                 self._set(cls, "scale", self._wrap_scale(own["scale"]))
         self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
-        self._set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad))
+        self._set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad, returns=True))
         self._set(torch.optim.Optimizer, "__init__", self._wrap_init(vars(torch.optim.Optimizer)["__init__"]))
 
     def _wrap_step(self, orig):
@@ -106,7 +106,7 @@ class Patches:
             return result
         return update
 
-    def _wrap_backward(self, orig):
+    def _wrap_backward(self, orig, returns: bool = False):
         tracer = self.tracer
 
         def backward(*args, **kwargs):
@@ -114,6 +114,8 @@ class Patches:
             if top:  # the loss: torch.autograd.backward(tensors) or torch.autograd.grad(outputs, ...)
                 tracer._guard(tracer._loss, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
             result = orig(*args, **kwargs)
+            if top and returns and tracer._active:  # the gradients autograd.grad hands back (a penalty)
+                tracer._guard(tracer._grad_results, result, bool(kwargs.get("create_graph")))
             if top and tracer._active and not tracer._is_training():
                 tracer._guard(tracer._after_backward)
             return result

@@ -112,6 +112,7 @@ class Origin:
     node: dict | None = None  # the autograd node / aten op, when the replay could name it
     dtype: str | None = None
     stored: list[str] = field(default_factory=list)  # own parameters/buffers that already held NaN/Inf
+    via: str | None = None  # "autograd.grad": the gradients torch.autograd.grad returned were non-finite
 
 
 @dataclass

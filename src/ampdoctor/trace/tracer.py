@@ -421,6 +421,13 @@ class Tracer:
             if gid is not None:
                 self._loss_gids.append(gid)
 
+    def _grad_results(self, result, create_graph: bool) -> None:
+        self._double_backward = self._double_backward or create_graph
+        for t in tensors_in(result):
+            gid = self._measure(t)
+            if gid is not None:
+                self._gradres_gids.append(gid)
+
     def _optimizer_pre_hook(self, optimizer, args, kwargs) -> None:
         self._updated = True
         if self._active and not self._in_enabled_scaler_step:
@@ -587,6 +594,8 @@ class Tracer:
         self._bwd: list[tuple[int, int]] = []  # (gradient's id, the id of the tensor it is the gradient of)
         self._parts: list[tuple] = []  # (flat device tensor, what it is)
         self._loss_gids: list[int] = []
+        self._gradres_gids: list[int] = []  # what top-level torch.autograd.grad calls returned
+        self._double_backward = False  # autograd.grad(create_graph=True) ran: gradients have a graph
         self._scaled: dict[int, weakref.ref] = {}  # the tensors GradScaler.scale() returned
         self._fin: dict[int, bool] = {}  # measured tensor id -> finite, for this step
         self._gfin: dict[int, bool] = {}  # tensor id -> its gradients were finite
@@ -819,7 +828,14 @@ class Tracer:
         if self._loss_gids and self.loss.last != step:  # steps with a loss (split steps count once)
             self.loss.steps += 1
             self.loss.last = step
-        if loss_bad and not self._step_bad["forward"]:
+        grad_bad = next((summ[g] for g in self._gradres_gids if g in summ and not summ[g].finite), None)
+        if grad_bad is not None and not self._step_bad["forward"]:
+            # a gradient penalty or a double backward: its gradients were non-finite, and what the
+            # loss made of them is not the loss code's doing
+            self._add_origin(Origin(step, "backward", None, "nonfinite",
+                                    "nan" if grad_bad.nonfinite["nan"] else "inf", dtype=grad_bad.dtype,
+                                    via="autograd.grad"))
+        elif loss_bad and not self._step_bad["forward"]:
             s = next((summ[g] for g in self._loss_gids if g in summ and not summ[g].finite), None)
             self._add_origin(Origin(step, "loss", None, "nonfinite",
                                     "nan" if s is not None and s.nonfinite["nan"] else "inf",
@@ -845,10 +861,13 @@ class Tracer:
         # activation gradients: the innermost call whose backward turned finite into non-finite
         grads_bad = not all(self._gfin.values())
         origin = None
+        if grad_bad is not None:
+            loss_bad = True  # the penalty explains what follows: no second origin for this step
         if grads_bad and not self._step_bad["forward"] and not loss_bad:
             origin = self._backward_origin(step)
         elif bad_params and not grads_bad and not self._step_bad["forward"] and not loss_bad:
-            self._add_origin(Origin(step, "param", None, "nonfinite", params=bad_params[:16]))
+            self._add_origin(Origin(step, "param", None, "nonfinite", params=bad_params[:16],
+                                    via="double-backward" if self._double_backward else None))
         # the GradScaler
         for before, found, after in self._step_scaler:
             rec = StepRecord(step, before, after, bool(found > 0 or math.isnan(found)),
