@@ -211,8 +211,9 @@ def in_compat_guard(ctx: Context) -> bool:
             for hnd in p.handlers:
                 t = hnd.type
                 caught = []
-                if t is None:
-                    caught = ["ImportError"]
+                if t is None:  # a bare `except:` is a shim only around imports
+                    caught = ["ImportError"] if any(isinstance(n, (cst.Import, cst.ImportFrom))
+                                                    for n in walk(p.body)) else []
                 elif isinstance(t, cst.Tuple):
                     caught = [dotted_name(e.value) or "" for e in t.elements]
                 else:

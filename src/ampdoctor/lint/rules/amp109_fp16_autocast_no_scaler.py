@@ -58,7 +58,7 @@ class Fp16AutocastNoScaler(Rule):
         names = self.ctx.names
         ac = acs.autocast_call(names, node)
         if ac is not None:
-            if self._fp16(ac) and not self._no_grad():
+            if self._fp16(ac) and not self._no_grad() and not voc.in_test(self.ctx):  # tests train 2 steps
                 self.flow.autocast(self.ctx, node)
                 if ac.device is None and ac.dtype_expr is None:
                     self.device_dependent.add(id(node))

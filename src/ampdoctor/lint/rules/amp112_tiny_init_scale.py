@@ -6,6 +6,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
+from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import vocabulary as voc
 
@@ -29,7 +30,21 @@ class TinyInitScale(Rule):
     words = (b"init_scale",)
     summary = "A `GradScaler` whose small `init_scale` and long `growth_interval` keep the scale low for many steps."
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.found: list[tuple[cst.Call, str, str | None]] = []  # (call, message, the name bound to it)
+        self.manual: set[str] = set()  # scalers the code sets the scale of itself: `scaler.update(new_scale)`
+
+    def leave_Module(self, node: cst.Module) -> None:
+        for call, message, name in self.found:
+            if name is None or name not in self.manual:
+                self.report(call, message)
+
     def visit_Call(self, node: cst.Call) -> None:
+        mc = h.method_call(node, "update")
+        if mc is not None and node.args and voc.is_scaler(self.ctx.names, mc[0]):
+            self.manual.add(dotted_name(mc[0]) or "")
+            return
         q = self.ctx.names.qualified(node.func) or ""
         if not voc.is_grad_scaler_name(q) or h.has_star_args(node) or voc.in_test(self.ctx):
             return  # tests pick a small scale on purpose (to see it grow, to compare states)
@@ -51,6 +66,9 @@ class TinyInitScale(Rule):
         steps = int(doublings * interval)
         if steps <= SLOW_STEPS:
             return
-        self.report(node, self.message.format(init=f"{init:g}", interval=int(interval), growth=f"{growth:g}",
+        parent = self.ctx.parents[-2] if len(self.ctx.parents) >= 2 else None
+        name = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and parent.value is node \
+            else None
+        self.found.append((node, self.message.format(init=f"{init:g}", interval=int(interval), growth=f"{growth:g}",
                                               doublings=doublings, steps=steps, floor=f"{_SUBNORMAL / init:.0e}",
-                                              default_floor=f"{_SUBNORMAL / DEFAULT_SCALE:.0e}"))
+                                              default_floor=f"{_SUBNORMAL / DEFAULT_SCALE:.0e}"), name))

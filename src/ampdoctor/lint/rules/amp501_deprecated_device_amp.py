@@ -46,14 +46,15 @@ def _is_new_api(q: str) -> bool:
 
 
 def _bound_value(stack: list[cst.CSTNode]) -> bool:
-    """The node is what an assignment binds, maybe as one branch of a conditional expression:
-    ``amp_autocast = torch.cuda.amp.autocast``, ``ctx = torch.cuda.amp.autocast if amp else suppress``."""
+    """The node is what an assignment binds or a function returns, maybe as one branch of a
+    conditional expression: ``amp_autocast = torch.cuda.amp.autocast``,
+    ``ctx = torch.cuda.amp.autocast if amp else suppress``, ``return torch.cuda.amp.autocast``."""
     i = len(stack) - 2
     child = stack[-1]
     while i >= 0 and isinstance(stack[i], cst.IfExp) and child is not stack[i].test:
         child = stack[i]
         i -= 1
-    return i >= 0 and isinstance(stack[i], (cst.Assign, cst.AnnAssign)) and stack[i].value is child
+    return i >= 0 and isinstance(stack[i], (cst.Assign, cst.AnnAssign, cst.Return)) and stack[i].value is child
 
 
 class _Unfixable(Exception):
