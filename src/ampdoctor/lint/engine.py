@@ -223,7 +223,7 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
     if too_deep is not None:
         errors.append(_diag_at(path, SYNTAX_ERROR, *too_deep))
         passed = _Pass(None, [], [])
-    elif len(text) > LARGE_FILE:
+    elif len(text) > LARGE_FILE and not settings.fix:  # fixing needs the whole tree
         passed = _lint_chunked(path, text, settings, errors)
     else:
         passed = _lint_text(path, current, settings, errors)
@@ -266,7 +266,7 @@ def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnos
     """A very large (usually generated) file, linted a group of top-level statements at a time
     so that only one group's tree is in memory: each group after the first gets the file's
     top-level imports in front of it, and positions are mapped back. Facts do not cross groups,
-    and no fixes are offered (``module`` stays None)."""
+    and no fix edits are offered (``module`` stays None); ``--fix`` parses the whole file."""
     try:
         tree_ = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

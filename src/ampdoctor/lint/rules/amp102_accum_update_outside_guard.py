@@ -31,6 +31,9 @@ class AccumUpdateOutsideGuard(ScalerFlow):
             steps = [e for e in self.in_region(u, "step") if e.scaler == u.scaler and e.loop == u.loop]
             if not steps:
                 continue
+            steps = [st for st in steps if not exclusive(st, u)]  # the other arm of an accumulation switch
+            if not steps:
+                continue
             guarded = []
             for st in steps:
                 guards = [c for c in st.conds if c.accumulation and c.in_loop]

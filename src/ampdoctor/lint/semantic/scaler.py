@@ -114,7 +114,13 @@ def amp_related(test: cst.BaseExpression) -> bool:
 
 
 def accumulation_like(test: cst.BaseExpression) -> bool:
-    """An ``if`` test that looks like a gradient-accumulation boundary."""
+    """An ``if`` test that looks like a gradient-accumulation boundary. A mode switch that only
+    says accumulation is on (``if ACCUMULATION_STEPS > 1:``) is not one."""
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+            h.number_value(test.comparisons[0].comparator) in (0, 1, 2) and \
+            not any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
+                    for n in h.walk(test, enter_scopes=True)):
+        return False
     for n in [test, *h.walk(test, enter_scopes=True)]:
         if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo):
             return True
