@@ -64,6 +64,7 @@ class CheckpointMissingScaler(Rule):
         self.saves: list[_Save] = []
         # (scope id, name) of dicts changed in place (`ckpt["scaler"] = ...`, `ckpt.update(...)`)
         self.mutated: set[tuple[int, str]] = set()
+        self._synth: dict[int, cst.Dict] = {}  # id(call) -> the dict literal its keywords make
         self.order = 0
         # where the scaler lives: defs, classes, module level
         self.scaler_defs: set[int] = set()
@@ -155,9 +156,27 @@ class CheckpointMissingScaler(Rule):
             self.report(save.call, self.message.format(s=s))
 
     def _dict_of(self, save: _Save) -> cst.Dict | None:
-        if isinstance(save.arg, cst.Dict):
-            return save.arg
-        name = dotted_name(save.arg)
+        return self._as_dict(save.arg, save, 0)
+
+    def _as_dict(self, expr: cst.BaseExpression, save: _Save, depth: int) -> cst.Dict | None:
+        """The checkpoint as a dict literal: the literal itself, ``dict(k=v, ...)``,
+        ``asdict(Snapshot(k=v, ...))`` (keywords become keys), or what a local name is bound to."""
+        if isinstance(expr, cst.Dict):
+            return expr
+        if isinstance(expr, cst.Call) and depth < 3:
+            q = self.ctx.names.qualified(expr.func) or ""
+            if q in ("dict", "builtins.dict"):
+                return self._keywords(expr)
+            if q.rsplit(".", 1)[-1] in ("asdict", "vars") and len(expr.args) == 1:
+                inner = expr.args[0].value
+                if isinstance(inner, cst.Call):
+                    return self._keywords(inner)
+                return self._as_dict(inner, save, depth + 1)
+            last = q.rsplit(".", 1)[-1]
+            if last[:1].isupper() and expr.args and all(a.keyword is not None or a.star == "**" for a in expr.args):
+                return self._keywords(expr)  # a dataclass / NamedTuple snapshot built by keywords
+            return None
+        name = dotted_name(expr)
         if name is None or (save.scope, name) in self.mutated:
             return None
         root = save.function if save.function is not None else self.ctx.parents[0]
@@ -168,9 +187,26 @@ class CheckpointMissingScaler(Rule):
         if any(a.order > at for a in flow.assigns.get(name, [])):
             return None
         reaching = flow.reaching(name, save.call)
-        if len(reaching) != 1 or not isinstance(reaching[0].value, cst.Dict):
+        if len(reaching) != 1 or reaching[0].value is None:
             return None
-        return reaching[0].value
+        value = reaching[0].value
+        return value if isinstance(value, cst.Dict) else self._as_dict(value, save, depth + 1)
+
+    def _keywords(self, call: cst.Call) -> cst.Dict | None:
+        """``f(a=x, **rest)`` as the dict literal ``{"a": x, **rest}`` (one per call: reports dedupe by it)."""
+        hit = self._synth.get(id(call))
+        if hit is not None:
+            return hit
+        if any(a.keyword is None and a.star != "**" for a in call.args):
+            return None  # positional fields: their names are not known here
+        els: list = []
+        for a in call.args:
+            if a.star == "**":
+                els.append(cst.StarredDictElement(a.value))
+            else:
+                els.append(cst.DictElement(cst.SimpleString(f'"{a.keyword.value}"'), a.value))  # type: ignore[union-attr]
+        d = self._synth[id(call)] = cst.Dict(els)
+        return d
 
     def _has_optimizer(self, d: cst.Dict) -> bool:
         for el in d.elements:
