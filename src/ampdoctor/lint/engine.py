@@ -27,8 +27,9 @@ from ampdoctor.lint.fixes import keep_final_cr, select_non_overlapping, apply_fi
 from ampdoctor.lint.positions import node_positions
 MAX_FIX_ROUNDS = 10
 # files larger than this are linted a group of top-level statements at a time (memory)
-LARGE_FILE = 512 * 1024
+LARGE_FILE = 256 * 1024
 CHUNK_CHARS = 128 * 1024
+DATA_CHARS = 16 * 1024  # a top-level statement of constant data this large is not parsed
 
 # Deeply nested code exhausts Python's recursion limit in libcst (positions, code generation)
 # and in rules. Such a file is linted again in a thread with a large stack and a higher limit.
@@ -286,10 +287,20 @@ def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnos
     first, size = 1, 0
     for i, n in enumerate(body):
         nxt = start(body[i + 1]) if i + 1 < len(body) else len(lines) + 1
-        size += sum(len(x) for x in lines[start(n) - 1:nxt - 1])
+        own = sum(len(x) for x in lines[start(n) - 1:nxt - 1])
+        if own >= DATA_CHARS and _constant_data(n):
+            # a generated table (`META = {(...): (...), ...}`): no rule looks inside pure data, and
+            # its tree alone would take hundreds of MB
+            if first < start(n):
+                groups.append((first, start(n) - 1))
+            first, size = nxt, 0
+            continue
+        size += own
         if size >= CHUNK_CHARS or i + 1 == len(body):
             groups.append((first, nxt - 1))
             first, size = nxt, 0
+    if first <= len(lines) and (not groups or groups[-1][1] < len(lines)) and first > (groups[-1][1] if groups else 0):
+        groups.append((first, len(lines)))
     quiet = Settings(enabled=settings.enabled, min_torch=settings.min_torch, fix=None, want_edits=False)
     out: list[Diagnostic] = []
     for k, (lo, hi) in enumerate(groups):
@@ -304,6 +315,19 @@ def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnos
             (errors if d in chunk_errors else out).append(moved)
         del passed
     return _Pass(None, out, [])
+
+
+def _constant_data(n: ast.stmt) -> bool:
+    """An assignment or expression statement whose value is literal data only: constants, names
+    and dotted names (`torch.float16` as a key), containers of them, unary minus; no calls."""
+    value = n.value if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Expr)) else None
+    if value is None:
+        return False
+    for x in ast.walk(value):
+        if not isinstance(x, (ast.Constant, ast.Dict, ast.List, ast.Tuple, ast.Set, ast.UnaryOp, ast.USub,
+                              ast.UAdd, ast.Load, ast.Name, ast.Attribute)):
+            return False
+    return True
 
 
 def _filter_engine(errors: list[Diagnostic], enabled: frozenset[str]) -> list[Diagnostic]:
