@@ -96,3 +96,23 @@ def test_very_large_files_are_linted_in_groups_with_the_same_findings(monkeypatc
     key = sorted((d.line, d.column, d.code, d.message) for d in whole.diagnostics)
     assert key and key == sorted((d.line, d.column, d.code, d.message) for d in grouped.diagnostics)
     assert all(d.fix is None for d in grouped.diagnostics)
+
+
+def test_a_generated_table_in_a_large_file_is_not_parsed(monkeypatch):
+    """A top-level statement of pure constant data (a generated lookup table) holds nothing a
+    rule looks at; in a large file it is skipped, and findings after it keep their lines."""
+    from ampdoctor.lint import engine
+
+    table = "META = {\n" + "".join(f"    ({i}, torch.float16): ({i}, -{i}.5, 'x'),\n" for i in range(3000)) + "}\n"
+    text = ("import torch\n\n" + table +
+            (FIXTURES / "lint" / "deprecated_device_amp.py").read_text("utf-8"))
+    settings = Settings(enabled=frozenset(all_infos()))
+    monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
+    passes = []
+    real = engine._lint_text
+    monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(a[1]) or real(*a))
+    grouped = lint_bytes("big.py", text.encode(), settings)
+    assert passes and not any("META = {" in p for p in passes)
+    offset = table.count("\n") + 2
+    base = lint_bytes("small.py", (FIXTURES / "lint" / "deprecated_device_amp.py").read_bytes(), settings)
+    assert sorted((d.line - offset, d.code) for d in grouped.diagnostics) == sorted((d.line, d.code) for d in base.diagnostics)
