@@ -87,6 +87,7 @@ def test_very_large_files_are_linted_in_groups_with_the_same_findings(monkeypatc
     settings = Settings(enabled=frozenset(all_infos()))
     whole = lint_bytes("big.py", text.encode(), settings)
     monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
+    monkeypatch.setattr(engine, "LARGE_TREE", 100)
     monkeypatch.setattr(engine, "CHUNK_CHARS", 600)
     passes = []
     real = engine._lint_text
@@ -108,6 +109,7 @@ def test_a_generated_table_in_a_large_file_is_not_parsed(monkeypatch):
             (FIXTURES / "lint" / "deprecated_device_amp.py").read_text("utf-8"))
     settings = Settings(enabled=frozenset(all_infos()))
     monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
+    monkeypatch.setattr(engine, "LARGE_TREE", 100)
     passes = []
     real = engine._lint_text
     monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(a[1]) or real(*a))

@@ -30,6 +30,7 @@ MAX_FIX_ROUNDS = 10
 LARGE_FILE = 256 * 1024
 CHUNK_CHARS = 128 * 1024
 DATA_CHARS = 16 * 1024  # a top-level statement of constant data this large is not parsed
+LARGE_TREE = 100_000  # ... and only when its tree is large (Python ast nodes)
 
 # Deeply nested code exhausts Python's recursion limit in libcst (positions, code generation)
 # and in rules. Such a file is linted again in a thread with a large stack and a higher limit.
@@ -274,8 +275,8 @@ def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnos
         return _lint_text(path, text, settings, errors)  # the whole-file path reports it
     lines = text.splitlines(keepends=True)
     body = tree_.body
-    if len(body) < 2:
-        return _lint_text(path, text, settings, errors)
+    if len(body) < 2 or sum(1 for _ in ast.walk(tree_)) < LARGE_TREE:
+        return _lint_text(path, text, settings, errors)  # large text, small tree (docs, comments)
 
     def start(n: ast.stmt) -> int:
         return min([n.lineno, *(d.lineno for d in getattr(n, "decorator_list", ()))])
