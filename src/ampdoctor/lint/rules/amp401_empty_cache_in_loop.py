@@ -9,6 +9,10 @@ from ampdoctor.lint.rule import FixSpec, Rule
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache", "torch.mps.empty_cache",
                 "torch.xpu.empty_cache", "torch.npu.empty_cache"}
 _BATCHY = ("batch", "loader", "dataloader", "data", "sample", "step", "iter")
+# methods trainers call once per batch (HF Trainer, Lightning, custom trainers)
+_PER_STEP = {"training_step", "train_step", "train_batch", "training_step_end", "on_train_batch_start",
+             "on_train_batch_end", "on_before_optimizer_step", "optimizer_step", "forward_backward",
+             "compute_loss"}
 _OOM = ("OutOfMemoryError", "RuntimeError", "MemoryError", "Exception")
 
 
@@ -38,11 +42,25 @@ class EmptyCacheInLoop(Rule):
             if isinstance(p, h.LOOPS):
                 loop = p
                 break
+            if isinstance(p, cst.FunctionDef) and p.name.value in _PER_STEP and self._in_class():
+                loop = p  # a trainer's per-step method: the framework calls it on every batch
+                break
             if isinstance(p, h.SCOPES):
                 return
-        if loop is None or not self._per_batch(loop):
+        if loop is None or (not isinstance(loop, cst.FunctionDef) and not self._per_batch(loop)):
             return
         self.report(node, self.message.format(f=qn.replace(".memory", "")), self._fix())
+
+    def _in_class(self) -> bool:
+        fn_seen = False
+        for p in self.ctx.ancestors():
+            if isinstance(p, cst.FunctionDef):
+                if fn_seen:
+                    return False  # a def nested in the method
+                fn_seen = True
+            elif isinstance(p, cst.ClassDef):
+                return fn_seen
+        return False
 
     def _per_batch(self, loop: cst.CSTNode) -> bool:
         header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
