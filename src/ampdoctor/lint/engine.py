@@ -300,8 +300,6 @@ def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnos
         if size >= CHUNK_CHARS or i + 1 == len(body):
             groups.append((first, nxt - 1))
             first, size = nxt, 0
-    if first <= len(lines) and (not groups or groups[-1][1] < len(lines)) and first > (groups[-1][1] if groups else 0):
-        groups.append((first, len(lines)))
     quiet = Settings(enabled=settings.enabled, min_torch=settings.min_torch, fix=None, want_edits=False)
     out: list[Diagnostic] = []
     for k, (lo, hi) in enumerate(groups):

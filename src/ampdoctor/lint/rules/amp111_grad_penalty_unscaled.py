@@ -4,7 +4,6 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
-from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import vocabulary as voc
 
@@ -36,11 +35,11 @@ class GradPenaltyUnscaled(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
-        mc = h.method_call(node, "scale")
-        if mc is not None and voc.is_scaler(names, mc[0]):
+        scaler = voc.scaled_by(names, node)
+        if scaler is not None:
             fn = self._function()
             if fn is not None:
-                self.scalers.setdefault(id(fn), dotted_name(mc[0]) or "scaler")
+                self.scalers.setdefault(id(fn), scaler)
             return
         if names.qualified(node.func) not in _GRAD:
             return
@@ -66,8 +65,7 @@ class GradPenaltyUnscaled(Rule):
 
     def _scaled(self, expr: cst.BaseExpression, scaled_names: set[str]) -> bool:
         for n in [expr, *h.walk(expr)]:
-            mc = h.method_call(n, "scale")
-            if mc is not None and voc.is_scaler(self.ctx.names, mc[0]):
+            if voc.scaled_by(self.ctx.names, n) is not None:
                 return True
             if isinstance(n, cst.Name) and n.value in scaled_names:
                 return True

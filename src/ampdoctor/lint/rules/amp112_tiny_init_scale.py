@@ -8,6 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic.config import scaler_target
 from ampdoctor.lint.semantic import vocabulary as voc
 
 DEFAULT_SCALE = 2.0 ** 16
@@ -66,9 +67,7 @@ class TinyInitScale(Rule):
         steps = int(doublings * interval)
         if steps <= SLOW_STEPS:
             return
-        parent = self.ctx.parents[-2] if len(self.ctx.parents) >= 2 else None
-        name = dotted_name(parent.targets[0].target) if isinstance(parent, cst.Assign) and parent.value is node \
-            else None
+        name = scaler_target(self.ctx)
         self.found.append((node, self.message.format(init=f"{init:g}", interval=int(interval), growth=f"{growth:g}",
                                               doublings=doublings, steps=steps, floor=f"{_SUBNORMAL / init:.0e}",
                                               default_floor=f"{_SUBNORMAL / DEFAULT_SCALE:.0e}"), name))

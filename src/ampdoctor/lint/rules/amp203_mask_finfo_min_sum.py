@@ -44,12 +44,22 @@ class MaskFinfoMinSum(Rule):
         if not any(mu.is_finfo_min(names, n) or (isinstance(n, cst.Call) and calls.callee(n) is not None)
                    for n in h.walk(node.body)):
             return
-        for n, in self._sums(node):
-            self.report(n)
+        flow, binding_holds = self._holder(node)
+        for n in flow.nodes:
+            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add):
+                left, right = n.left, n.right
+            elif isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign):
+                left, right = n.target, n.value
+            else:
+                continue
+            at = flow.pos(n)
+            if self._holds(left, flow, at, binding_holds) and self._holds(right, flow, at, binding_holds) \
+                    and not self._clamped(n, flow):
+                self.report(n)
 
-    def _sums(self, node: cst.FunctionDef, returns: bool = False):
-        """The sums in ``node`` whose both sides can hold finfo.min (as 1-tuples); with ``returns``,
-        instead whether one of its ``return`` values can."""
+    def _holder(self, node: cst.FunctionDef):
+        """The flow of ``node`` and ``binding_holds(name, at)``: whether the binding of a name
+        visible at a position can hold finfo.min (memoised per binding)."""
         flow = flow_of(self.ctx, node)
         holds: dict[int, bool] = {}  # id(binding) -> whether its value can hold finfo.min
 
@@ -66,29 +76,16 @@ class MaskFinfoMinSum(Rule):
                 holds[key] = value
             return holds[key]
 
-        if returns:
-            return any(isinstance(n, cst.Return) and n.value is not None and
-                       self._holds(n.value, flow, flow.pos(n), binding_holds) for n in flow.nodes)
-        out = []
-        for n in flow.nodes:
-            if isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Add):
-                at = flow.pos(n)
-                if self._holds(n.left, flow, at, binding_holds) and self._holds(n.right, flow, at, binding_holds) \
-                        and not self._clamped(n, flow):
-                    out.append((n,))
-            elif isinstance(n, cst.AugAssign) and isinstance(n.operator, cst.AddAssign):
-                at = flow.pos(n)
-                if self._holds(n.target, flow, at, binding_holds) and self._holds(n.value, flow, at, binding_holds) \
-                        and not self._clamped(n, flow):
-                    out.append((n,))
-        return out
+        return flow, binding_holds
 
     def _returns_min(self, fn: cst.FunctionDef) -> bool:
         """An in-file helper that can return finfo.min (``causal_mask(n, dtype)``)."""
         key = id(fn)
         if key not in self._returns:
             self._returns[key] = False  # recursion ends here
-            self._returns[key] = bool(self._sums(fn, returns=True))
+            flow, binding_holds = self._holder(fn)
+            self._returns[key] = any(isinstance(n, cst.Return) and n.value is not None and
+                                     self._holds(n.value, flow, flow.pos(n), binding_holds) for n in flow.nodes)
         return self._returns[key]
 
     def _holds(self, expr: cst.CSTNode, flow: FunctionFlow, at: int, binding_holds) -> bool:

@@ -25,11 +25,7 @@ def _opens_autocast(names, fn: cst.FunctionDef) -> acs.Autocast | None:
 
 
 def _scales_loss(names, fn: cst.FunctionDef) -> bool:
-    for n in h.walk(fn.body):
-        mc = h.method_call(n, "scale")
-        if mc is not None and voc.is_scaler(names, mc[0]):
-            return True
-    return False
+    return any(voc.scaled_by(names, n) is not None for n in h.walk(fn.body))
 
 
 def _calls_super(fn: cst.FunctionDef) -> bool:

@@ -40,6 +40,15 @@ def is_scaler(names: Names, expr: cst.BaseExpression) -> bool:
     return "scaler" in d.rsplit(".", 1)[-1].lower()
 
 
+def scaled_by(names: Names, node: cst.CSTNode) -> str | None:
+    """For ``S.scale(x)`` on a GradScaler receiver: the dotted name of ``S`` ("scaler" when it has
+    none), else None."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "scale" \
+            and is_scaler(names, node.func.value):
+        return dotted_name(node.func.value) or "scaler"
+    return None
+
+
 def is_optimizer(names: Names, expr: cst.CSTNode) -> bool:
     """A receiver that is an optimizer: ``opt``, ``self.optimizer``, ``optimizers[0]``, ``opt_g``,
     or a name assigned from ``torch.optim.*``; never a scheduler, scaler or wrapper."""
