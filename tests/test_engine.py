@@ -67,7 +67,7 @@ def test_output_is_identical_across_hash_seeds_and_process_counts(tmp_path):
     for seed, jobs in (("0", "1"), ("123", "2"), ("random", "2"), ("7", "1")):
         env = dict(os.environ, PYTHONHASHSEED=seed)
         out = subprocess.run([sys.executable, "-m", "ampdoctor", "lint", "--no-cache", "--format", "json",
-                              "-j", jobs, "corpus"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              "--include-unreferenced", "-j", jobs, "corpus"], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=300)
         assert out.returncode == 1, out.stderr
         outputs.add(out.stdout)

@@ -96,9 +96,11 @@ def _console(file, force_plain: bool):
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache folder (default: .ampdoctor_cache).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Worker processes (default: all cores).")
+@click.option("--include-unreferenced", is_flag=True,
+              help="Also report defects in classes and functions nothing in the project refers to.")
 def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_exclude, no_respect_gitignore,
          stdin_filename, config_file, min_torch_version, fmt, output, statistics, quiet, exit_zero, fail_on,
-         fix, unsafe_fixes, diff, no_cache, cache_dir, jobs) -> None:
+         fix, unsafe_fixes, diff, no_cache, cache_dir, jobs, include_unreferenced) -> None:
     """Check PATHS (default: the current folder) for AMP anti-patterns. '-' reads standard input."""
     from ampdoctor import config as config_mod
     from ampdoctor.lint import discovery, registry, runner
@@ -161,8 +163,9 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
             cdir = Path(cache_dir) if cache_dir else finder.for_dir(cwd).root / ".ampdoctor_cache"
         progress_cb, progress_done = _progress(files, quiet)
         try:
+            everything = include_unreferenced or finder.for_dir(cwd).include_unreferenced
             result = runner.run(targets, resolver, jobs=jobs, cache_dir=cdir, write_fixes=fix and not diff,
-                                progress=progress_cb)
+                                progress=progress_cb, referenced_only=not everything)
         finally:
             progress_done()
 
@@ -188,7 +191,7 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
         report_to = None
 
     _report(fmt, diags, files, result.fixes_applied, fix_mode if fix else None, output, statistics, quiet,
-            sources, report_to)
+            sources, report_to, getattr(result, "unreferenced", []))
 
     threshold = Severity(fail_on).rank
     failing = [d for d in diags if d.severity.rank >= threshold]
@@ -275,11 +278,12 @@ def _tolerant(stream):
     return stream
 
 
-def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sources, report_to) -> None:
+def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sources, report_to,
+            unreferenced=()) -> None:
     from ampdoctor.report import machine
 
     if fmt == "json":
-        _emit(machine.to_json(diags, files, fixed), output)
+        _emit(machine.to_json(diags, files, fixed, unreferenced), output)
     elif fmt == "sarif":
         from ampdoctor.lint.registry import all_infos
         _emit(machine.to_sarif(diags, all_infos()), output)
@@ -288,7 +292,7 @@ def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sourc
     elif fmt == "concise" and not statistics:
         text = machine.to_concise(diags)
         if not quiet and not output:
-            text += _plain_summary(diags, files, fixed)
+            text += _plain_summary(diags, files, fixed) + _unreferenced_line(unreferenced)
         _emit(text, output)
     else:
         from ampdoctor.report import text as text_mod
@@ -301,8 +305,22 @@ def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sourc
             text_mod.render_diagnostics(console, diags, sources)
         if not quiet:
             text_mod.render_summary(console, diags, files, fixed, fix_mode)
+            line = _unreferenced_line(unreferenced)
+            if line:
+                console.print(line.rstrip("\n"), highlight=False, markup=False)
         if buf is not None:
             _emit(buf.getvalue(), output)
+
+
+def _unreferenced_line(unreferenced) -> str:
+    """Say what was left out, so a quiet run is not mistaken for a clean one."""
+    if not unreferenced:
+        return ""
+    n = len(unreferenced)
+    names = sorted({h.where for h in unreferenced})
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{n} finding{'s' * (n != 1)} in code that nothing outside tests uses not shown ({shown}); "
+            f"--include-unreferenced shows {'them' if n != 1 else 'it'}.\n")
 
 
 def _plain_summary(diags, files, fixed) -> str:

@@ -38,7 +38,7 @@ DEFAULT_EXCLUDE = (
 )
 
 _KEYS = {"select", "extend-select", "ignore", "exclude", "extend-exclude", "per-file-ignores",
-         "min-torch-version"}
+         "min-torch-version", "include-unreferenced"}
 _VERSION = re.compile(r"^\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?\s*$")
 
 
@@ -53,6 +53,7 @@ class Config:
     extend_exclude: tuple[str, ...] = ()
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     min_torch_version: tuple[int, ...] | None = None
+    include_unreferenced: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -83,6 +84,9 @@ def from_table(table: dict, root: Path, source: Path | None) -> Config:
     if not isinstance(pfi, dict):
         raise AmpdoctorError(f"{where}: 'per-file-ignores' must be a table of pattern = [codes]")
     mtv = table.get("min-torch-version")
+    unref = table.get("include-unreferenced", False)
+    if not isinstance(unref, bool):
+        raise AmpdoctorError(f"{where}: 'include-unreferenced' must be true or false, got {unref!r}")
     return Config(
         root=root,
         source=source,
@@ -93,6 +97,7 @@ def from_table(table: dict, root: Path, source: Path | None) -> Config:
         extend_exclude=_str_list(table.get("extend-exclude", []), "extend-exclude", where),
         per_file_ignores=tuple(sorted((k, _str_list(v, f"per-file-ignores.{k}", where)) for k, v in pfi.items())),
         min_torch_version=parse_version(mtv, where) if mtv is not None else None,
+        include_unreferenced=unref,
     )
 
 

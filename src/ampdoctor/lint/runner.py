@@ -45,6 +45,8 @@ class RunResult:
     results: list[FileResult] = field(default_factory=list)
     files: int = 0
     cached: int = 0
+    # defect-rule findings in definitions nothing in the project refers to (not reported)
+    unreferenced: list = field(default_factory=list)
 
     @property
     def diagnostics(self) -> list[Diagnostic]:
@@ -189,6 +191,7 @@ def run(
     cache_dir: Path | None = None,
     write_fixes: bool = False,
     progress: Callable[[int], None] | None = None,
+    referenced_only: bool = False,
 ) -> RunResult:
     out = RunResult(files=len(targets))
     cache = cache_mod.Cache(cache_dir) if cache_dir is not None else None
@@ -236,7 +239,23 @@ def run(
     if cache is not None:
         cache.save()
     out.results.sort(key=lambda r: r.path)
+    if referenced_only:
+        _drop_unreferenced(out, targets)
     return out
+
+
+def _drop_unreferenced(out: RunResult, targets: Sequence[Target]) -> None:
+    from ampdoctor.lint import project
+
+    diags = [d for r in out.results for d in r.diagnostics]
+    kept, hidden = project.split_unreferenced(diags, {t.display: t.path for t in targets},
+                                              [t.path for t in targets])
+    if not hidden:
+        return
+    keep = {id(d) for d in kept}
+    for r in out.results:
+        r.diagnostics = [d for d in r.diagnostics if id(d) in keep]
+    out.unreferenced = hidden
 
 
 def _from_cache(hit: list, display: str) -> list[Diagnostic] | None:

@@ -23,11 +23,14 @@ def summary(diags: list[Diagnostic], files: int, fixed: int) -> dict:
     }
 
 
-def to_json(diags: list[Diagnostic], files: int, fixed: int) -> str:
+def to_json(diags: list[Diagnostic], files: int, fixed: int, unreferenced=()) -> str:
     doc = {
         "version": __version__,
         "diagnostics": [d.to_dict() for d in diags],
         "summary": summary(diags, files, fixed),
+        # defect-rule findings in definitions nothing in the project refers to (not counted)
+        "unreferenced": [{"code": h.diagnostic.code, "path": h.diagnostic.path, "line": h.diagnostic.line,
+                          "column": h.diagnostic.column, "definition": h.where} for h in unreferenced],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 

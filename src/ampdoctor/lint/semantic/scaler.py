@@ -214,6 +214,16 @@ def _loop_names(target: cst.BaseExpression) -> set[str]:
     return set()
 
 
+def _per_item_names(loop: cst.For) -> set[str]:
+    """The loop variable and names the body binds from it (``optimizer = self.optimizers[group]``)."""
+    names = _loop_names(loop.target)
+    for n in h.walk(loop.body):
+        if isinstance(n, cst.Assign) and {x.lower() for x in h.names_in(n.value)} & names:
+            for t in n.targets:
+                names |= _loop_names(t.target)
+    return names
+
+
 # -- receivers ---------------------------------------------------------------------------
 
 def _wrapper_receiver(expr: cst.BaseExpression) -> bool:
@@ -321,12 +331,12 @@ class ScalerFlow(Rule):
         """The id of the loop one pass of which is one round of optimizer steps (the training
         iteration), else of the function: a loop over optimizers whose variable the call uses
         (``for opt in optimizers: scaler.step(opt)``) is part of the round, not the round."""
-        used = set(h.names_in(node.args[0].value)) if isinstance(node, cst.Call) and node.args else set()
+        used = {x.lower() for x in h.names_in(node.args[0].value)} if isinstance(node, cst.Call) and node.args else set()
         for p in self.ctx.ancestors():
             if p is region:
                 break
             if isinstance(p, h.LOOPS):
-                if isinstance(p, cst.For) and used & _loop_names(p.target):
+                if isinstance(p, cst.For) and used & _per_item_names(p):
                     continue
                 return id(p)
         return id(region)

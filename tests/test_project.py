@@ -1,0 +1,128 @@
+"""Defects in code nothing in the project uses are left out, and the run says so."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ampdoctor.cli import main
+
+LOOP = textwrap.dedent('''
+    def {name}(model, opt, loader):
+        scaler = torch.amp.GradScaler("cuda")
+        for x in loader:
+            scaler.scale(model(x).sum()).backward()
+            scaler.step(opt)
+''')
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, src in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(src, "utf-8")
+
+
+def _lint(root: Path, *args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(main, ["lint", "--no-cache", *args, str(root)], catch_exceptions=False)
+    return r.exit_code, r.output
+
+
+def _project(tmp_path: Path, files: dict[str, str]) -> Path:
+    (tmp_path / ".git").mkdir()
+    _write(tmp_path, files)
+    return tmp_path
+
+
+def test_a_helper_nobody_calls_is_left_out_and_the_summary_says_so(tmp_path):
+    root = _project(tmp_path, {
+        "lib/loops.py": "import torch\n" + LOOP.format(name="fit") + LOOP.format(name="old_fit"),
+        "train.py": "from lib.loops import fit\nfit(None, None, [])\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    assert code == 1
+    doc = json.loads(out)
+    assert [(Path(d["path"]).name, d["line"], d["code"]) for d in doc["diagnostics"]] == [("loops.py", 7, "AMP101")]
+    assert [(u["code"], u["line"], u["definition"]) for u in doc["unreferenced"]] == [("AMP101", 13, "old_fit")]
+
+    code, out = _lint(root)
+    assert "1 finding in code that nothing outside tests uses not shown (old_fit); " \
+           "--include-unreferenced shows it." in out
+    code, out = _lint(root, "--include-unreferenced", "--format", "json")
+    assert [d["line"] for d in json.loads(out)["diagnostics"]] == [7, 13]
+
+
+def test_config_key_includes_unreferenced_code(tmp_path, monkeypatch):
+    root = _project(tmp_path, {
+        "pyproject.toml": "[tool.ampdoctor]\ninclude-unreferenced = true\n",
+        "loops.py": "import torch\n" + LOOP.format(name="fit") + LOOP.format(name="old_fit"),
+        "train.py": "from loops import fit\nfit(None, None, [])\n",
+    })
+    monkeypatch.chdir(root)
+    res = CliRunner().invoke(main, ["lint", "--no-cache", "--format", "json", "."], catch_exceptions=False)
+    assert [d["line"] for d in json.loads(res.output)["diagnostics"]] == [7, 13]
+    (root / "pyproject.toml").write_text("[tool.ampdoctor]\ninclude-unreferenced = 1\n", "utf-8")
+    r = CliRunner().invoke(main, ["lint", "--no-cache", "."])
+    assert r.exit_code == 2 and "'include-unreferenced' must be true or false" in r.output
+
+
+def test_a_standalone_file_keeps_every_finding(tmp_path):
+    """A snippet or a script none of whose definitions is used: its entry points are unknown."""
+    root = _project(tmp_path, {"snippet.py": "import torch\n" + LOOP.format(name="fit") + LOOP.format(name="other")})
+    code, out = _lint(root, "--format", "json")
+    assert [d["line"] for d in json.loads(out)["diagnostics"]] == [7, 13]
+
+
+def test_uses_that_count(tmp_path):
+    """A name in a config file, a registry decorator, a subclass that is used, an __init__ re-export."""
+    root = _project(tmp_path, {
+        "pkg/__init__.py": "from .exported import Exported\n",
+        "pkg/exported.py": "import torch\nclass Exported:\n" + textwrap.indent(LOOP.format(name="fit"), "    "),
+        "pkg/models.py": "import torch\nfrom pkg.registry import MODELS\n"
+                         "class Base:\n" + textwrap.indent(LOOP.format(name="fit"), "    ")
+                         + "class Child(Base):\n    pass\n"
+                         "@MODELS.register_module()\nclass Registered:\n" + textwrap.indent(LOOP.format(name="fit"), "    ")
+                         + "class FromYaml:\n" + textwrap.indent(LOOP.format(name="fit"), "    ")
+                         + "class Dead:\n" + textwrap.indent(LOOP.format(name="fit"), "    "),
+        "pkg/registry.py": "MODELS = {}\n",
+        "configs/run.yaml": "model:\n  type: FromYaml\n",
+        "train.py": "from pkg.models import Child\nChild()\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    kept = sorted((Path(d["path"]).name, d["line"]) for d in doc["diagnostics"])
+    assert [u["definition"] for u in doc["unreferenced"]] == ["Dead"]
+    assert len(kept) == 4 and ("exported.py", 8) in kept
+
+
+def test_uses_from_tests_only_do_not_count_for_product_code(tmp_path):
+    root = _project(tmp_path, {
+        "pkg/ops.py": "import torch\n" + LOOP.format(name="fit") + LOOP.format(name="tested_only")
+                      + "\ndef _test_self():\n    tested_only(None, None, [])\n"
+                      + "\nif __name__ == '__main__':\n    _test_self()\n",
+        "tests/test_ops.py": "from pkg.ops import tested_only\n\ndef test_it():\n    tested_only(None, None, [])\n",
+        "train.py": "from pkg.ops import fit\nfit(None, None, [])\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    assert [u["definition"] for u in doc["unreferenced"]] == ["tested_only"]
+    assert [(Path(d["path"]).name, d["line"]) for d in doc["diagnostics"]] == [("ops.py", 7)]
+
+
+def test_a_private_method_nobody_calls_and_deprecations_everywhere(tmp_path):
+    root = _project(tmp_path, {
+        "trainer.py": "import torch\nclass Trainer:\n"
+                      "    def run(self, loader):\n        self._step(loader)\n"
+                      + textwrap.indent(LOOP.format(name="_step").replace("(model,", "(self, model,"), "    ")
+                      + textwrap.indent(LOOP.format(name="_old_step").replace("(model,", "(self, model,"), "    ")
+                      + "class Unused:\n    def f(self):\n        return torch.cuda.amp.GradScaler()\n",
+        "train.py": "from trainer import Trainer\nTrainer().run([])\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    assert [u["definition"] for u in doc["unreferenced"]] == ["Trainer._old_step"]
+    codes = sorted(d["code"] for d in doc["diagnostics"])
+    assert codes == ["AMP101", "AMP501"]  # the deprecation is reported in unused code too
