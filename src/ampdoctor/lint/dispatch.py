@@ -127,7 +127,16 @@ class Dispatcher:
                 except Exception as exc:
                     self._fail(code, exc)
         if t == "Assign":
-            ctx.names.add_assign([a.target for a in original_node.targets], original_node.value)  # type: ignore[attr-defined]
+            ctx.names.add_assign([a.target for a in original_node.targets], original_node.value,  # type: ignore[attr-defined]
+                                 _scope(ctx.parents))
         elif t == "AnnAssign" and original_node.value is not None:  # type: ignore[attr-defined]
-            ctx.names.add_assign([original_node.target], original_node.value)  # type: ignore[attr-defined]
+            ctx.names.add_assign([original_node.target], original_node.value, _scope(ctx.parents))  # type: ignore[attr-defined]
         ctx.parents.pop()
+
+
+def _scope(parents: list) -> int:
+    """The innermost function (or the module) around the node being left."""
+    for p in reversed(parents):
+        if isinstance(p, cst.FunctionDef):
+            return id(p)
+    return 0

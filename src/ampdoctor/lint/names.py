@@ -35,7 +35,7 @@ def _module_name(node: cst.BaseExpression | None) -> str:
 class Names:
     """Alias table: local name -> fully qualified name."""
 
-    __slots__ = ("aliases", "assigned", "partials", "module_level_imports", "dotted_aliases")
+    __slots__ = ("aliases", "assigned", "partials", "module_level_imports", "dotted_aliases", "_bound")
 
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
@@ -47,6 +47,10 @@ class Names:
         self.module_level_imports: dict[str, str] = {}
         # whether some alias key is dotted (``self.autocast``): only then are chains looked up whole
         self.dotted_aliases = False
+        # dotted target -> the names it was bound to by plain assignments ("" for anything else):
+        # a name bound to different things (`dtype = torch.float16` / `dtype = torch.bfloat16` in
+        # the arms of an if) is no alias of either
+        self._bound: dict[tuple[int, str], set[str]] = {}  # keyed by (function id, target)
 
     # -- filling ---------------------------------------------------------------
     def add_import(self, node: cst.Import, top_level: bool) -> None:
@@ -76,7 +80,7 @@ class Names:
             if top_level:
                 self.module_level_imports[local] = full
 
-    def add_assign(self, targets: list[cst.BaseExpression], value: cst.BaseExpression) -> None:
+    def add_assign(self, targets: list[cst.BaseExpression], value: cst.BaseExpression, scope: int = 0) -> None:
         if not isinstance(value, cst.Call):
             # `ac = torch.autocast` style re-binding of a callable
             q = self.qualified(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
@@ -86,6 +90,12 @@ class Names:
                 if d is None:
                     continue
                 self.assigned.pop(d, None)
+                seen = self._bound.setdefault((scope, d), set())
+                seen.add(q or "")
+                if len(seen) > 1:  # bound to different values: which one holds depends on the path
+                    self.aliases.pop(d, None)
+                    self.partials.pop(d, None)
+                    continue
                 if q is not None and q != d and "." in q and (isinstance(t, cst.Name) or imported):
                     # `ac = torch.cuda.amp.autocast`, `self.ac = amp.autocast` (not `self.m = model.module`)
                     self.aliases[d] = q
@@ -105,7 +115,9 @@ class Names:
                 continue
             self.aliases.pop(d, None)
             self.partials.pop(d, None)
-            if callee in _PARTIALS and value.args:
+            seen = self._bound.setdefault((scope, d), set())
+            seen.add("()" + (callee or ""))
+            if callee in _PARTIALS and value.args and len(seen) == 1:
                 inner = self.qualified(value.args[0].value)
                 if inner:  # `ac = partial(torch.autocast, "cuda")`, `self.ac = partial(...)`
                     self.aliases[d] = inner

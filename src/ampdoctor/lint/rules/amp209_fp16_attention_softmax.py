@@ -104,7 +104,7 @@ class Fp16AttentionSoftmax(Rule):
                     "only the softmax is kept in float32 on CUDA"
                 self.report(f.sm.call, self.region_message.format(region=f"with {text}", softmax=softmax))
                 continue
-            if evidence.fp16_for(list(f.sm.scopes)) is not None:
+            if evidence.fp16_near(list(f.sm.scopes)) is not None:
                 self.report(f.sm.call)
 
     def _precision_tested(self, fn: cst.FunctionDef) -> bool:
@@ -199,6 +199,9 @@ class Fp16AttentionSoftmax(Rule):
 
 
 _NORMALIZERS = ("normalize", "l2norm", "l2_norm", "unit", "cosine")
+# normalisation layers (QK-norm): the operand's RMS is its weight's, far from the float16 range
+_NORM_LAYERS = ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "q_norm", "k_norm", "qk_norm", "norm_q",
+                "norm_k", "q_ln", "k_ln", "ln_q", "ln_k", "lnq", "lnk")
 _SCALES = ("scale", "scaling", "temperature", "temp", "sqrt", "rsqrt", "inv_sqrt", "norm_factor", "softmax_scale")
 
 
@@ -210,7 +213,7 @@ def _operand_kinds(names, expr: cst.CSTNode) -> set[str]:
     for n in [expr, *h.walk(expr)]:
         if isinstance(n, cst.Call):
             last = (names.qualified(n.func) or "").rsplit(".", 1)[-1].lower()
-            if any(w in last for w in _NORMALIZERS):
+            if any(w in last for w in _NORMALIZERS) or any(w in last for w in _NORM_LAYERS):
                 out.add("unit")
         elif isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Multiply, cst.Divide)):
             for side in (n.left, n.right):

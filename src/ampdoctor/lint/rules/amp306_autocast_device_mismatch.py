@@ -20,6 +20,23 @@ _NOT_A_DEVICE = {"gpu", "nvidia", "cuda0"}
 _PLACEMENT = {"cpu", "cuda", "mps", "xpu"}
 _DEVICE_STR = re.compile(r"^(cpu|cuda|mps|xpu|hpu|xla|mtia|maia)(:\d+)?$")
 _TORCH_DEVICE = {"torch.device"}
+_INDEXED_TEXT = re.compile(r"\b(cuda|xpu|npu|mps):(\d|%|\{)")
+
+
+def _makes_indexed_devices(module: cst.Module) -> bool:
+    """The file builds indexed devices: "cuda:0", f"cuda:{rank}", "cuda:%d" % i, "cuda:" + str(i),
+    ``torch.device("cuda", local_rank)``: a device it passes around may then print as "cuda:N"."""
+    for n in h.walk(module, enter_scopes=True):
+        if isinstance(n, cst.SimpleString):
+            v = h.string_value(n) or ""
+            if _INDEXED_TEXT.search(v) or v.rstrip() in ("cuda:", "xpu:", "npu:"):
+                return True
+        elif isinstance(n, cst.FormattedStringText):
+            if re.search(r"\b(cuda|xpu|npu):$", n.value) or _INDEXED_TEXT.search(n.value):
+                return True
+        elif isinstance(n, cst.Call) and dotted_name(n.func) in ("torch.device", "device") and len(n.args) >= 2:
+            return True
+    return False
 
 _RAISES = ("`{call}` raises RuntimeError: {arg} is not a device type. Use `device_type={fix}`.")
 _INDEXED = ("`device_type={arg}` is a device, not a device type: torch releases before the generic "
@@ -69,6 +86,8 @@ class AutocastDeviceMismatch(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self.scopes: list[_Scope] = [_Scope(set())]
+        # str(<parameter or attribute>) reports, kept until the file shows indexed devices
+        self._unknown_str: list[tuple] = []
 
     # -- scope tracking ---------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -207,7 +226,12 @@ class AutocastDeviceMismatch(Rule):
             rep = None
             if self._is_torch_device(inner):
                 rep = cst.Attribute(value=inner, attr=cst.Name("type"))
-            self._report(node, _STR_DEVICE.format(arg=source.short(dev_expr, 30), dev=source.short(inner, 25)), dev_expr, rep)
+            msg = _STR_DEVICE.format(arg=source.short(dev_expr, 30), dev=source.short(inner, 25))
+            if not (isinstance(inner, cst.Name) and self._known(inner.value)):
+                # a parameter or attribute: only wrong when the file makes indexed devices
+                self._unknown_str.append((node, msg, dev_expr, rep))
+                return
+            self._report(node, msg, dev_expr, rep)
         elif self._is_torch_device(dev_expr):
             if isinstance(dev_expr, cst.Call):
                 lit = h.string_value(h.arg(dev_expr, 0, "type"))
@@ -243,6 +267,11 @@ class AutocastDeviceMismatch(Rule):
         dev = devs.pop()
         if dev != s and dev in _PLACEMENT:
             self._report(node, _MISMATCH.format(ac=s, dev=dev), None, None)
+
+    def leave_Module(self, node: cst.Module) -> None:
+        if self._unknown_str and _makes_indexed_devices(node):
+            for args in self._unknown_str:
+                self._report(*args)
 
     def _report(self, node: cst.Call, msg: str, old: cst.CSTNode | None, new: cst.CSTNode | None) -> None:
         fix = None

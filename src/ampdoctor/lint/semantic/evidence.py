@@ -61,6 +61,7 @@ class Evidence:
         self.names: Names = calls.names
         self.facts: list[Fact] = []
         self.bf16_casts: set[int] = set()  # scopes (def/class ids, 0 for module level) that cast to bfloat16
+        self._training: dict[int, bool] = {}
         self._walk(module)
 
     def fp16_for(self, stack: list[cst.CSTNode], kinds: tuple[str, ...] | None = None) -> Fact | None:
@@ -71,11 +72,40 @@ class Evidence:
         strong = next((f for f in facts if f.strength == STRONG), None)
         if strong is not None:
             return strong
+        scopes = self._scopes(stack)
+        return next((f for f in facts if f.scope in scopes), None)
+
+    def fp16_near(self, stack: list[cst.CSTNode]) -> Fact | None:
+        """Float16 evidence about this code itself: a model made float16 anywhere in the file, a
+        GradScaler or an fp16 switch (the file trains in float16), a float16 autocast in code that
+        trains, or any fact in an enclosing def or class or an in-file caller. An inference-only
+        autocast elsewhere (a `main()` that decodes one image) does not say this code runs in it."""
+        for f in self.facts:
+            if f.strength == STRONG and (f.kind in ("cast", "scaler", "config") or
+                                         f.kind == "autocast" and self._trains(f.scope)):
+                return f  # the file's model, or the file's own training, runs in float16
+        scopes = self._scopes(stack)
+        return next((f for f in self.facts if f.scope in scopes), None)
+
+    def _trains(self, scope: int) -> bool:
+        """Module-level code, or a function that runs a backward pass or an optimizer step."""
+        if scope == 0:
+            return True
+        hit = self._training.get(scope)
+        if hit is None:
+            fn = self.calls.functions.get(scope)
+            hit = fn is not None and any(
+                h.method_call(n, "backward") is not None or h.method_call(n, "step") is not None
+                for n in h.walk(fn.node.body))
+            self._training[scope] = hit
+        return hit
+
+    def _scopes(self, stack: list[cst.CSTNode]) -> set[int]:
         scopes = {id(p) for p in stack if isinstance(p, (cst.FunctionDef, cst.ClassDef))}
         fn = next((p for p in reversed(stack) if isinstance(p, cst.FunctionDef)), None)
         if fn is not None:
             scopes |= self._callers(fn)
-        return next((f for f in facts if f.scope in scopes), None)
+        return scopes
 
     def _callers(self, fn: cst.FunctionDef, depth: int = 2) -> set[int]:
         """Scopes that call ``fn`` in this file (0 for module-level code), up to ``depth`` calls up:
@@ -202,7 +232,8 @@ class Evidence:
         if isinstance(recv, cst.Call):
             q = self.names.qualified(recv.func) or ""
             if q in _FACTORIES or q.startswith(("torch.", "np.", "numpy.")):
-                return q.startswith("torch.nn.")
+                # `torch.nn.Linear(...)` is a module; `torch.nn.functional.one_hot(...)` a tensor
+                return q.startswith("torch.nn.") and q.rsplit(".", 1)[-1][:1].isupper()
             last = q.rsplit(".", 1)[-1]
             return last[:1].isupper() or last == "from_pretrained"
         d = dotted_name(recv)
