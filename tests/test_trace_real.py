@@ -1125,3 +1125,25 @@ def test_a_gradient_penalty_that_overflows_is_named_as_such_not_as_the_loss_code
     assert not any(f["phase"] == "loss" for f in rep["findings"])
     origin = next(o for o in t.origins if o.step == 0)
     assert origin.phase == "backward" and origin.via == "autograd.grad"
+
+
+def test_ops_replay_never_blames_uninitialised_memory():
+    """`empty_like` returns whatever bits the allocator hands out, NaN patterns included (with
+    deterministic algorithms on, torch fills them with NaN on purpose); the replay must name the
+    op that computed the non-finite value, not an allocation."""
+    class Alloc(nn.Module):
+        def forward(self, x):
+            scratch = torch.empty_like(x)
+            scratch.fill_(1.0)
+            return torch.log(x * 0) + scratch
+
+    m = Alloc()
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.isnan(torch.empty(4)).all()  # uninitialised memory is NaN here
+        with Tracer(ops=True) as t:
+            m(torch.ones(8, 8))
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert t.report()["op_origin"]["op"] == "aten.log"

@@ -183,8 +183,8 @@ class Project:
     _trees: dict[str, ast.Module | None] = field(default_factory=dict)
     _data: dict[str, bytes] = field(default_factory=dict)
     _memo: dict[tuple[str, int], bool] = field(default_factory=dict)
-    _busy: set[tuple[str, int]] = field(default_factory=set)
     _hits: dict[str, list[str]] = field(default_factory=dict)
+    _occ: dict[str, list[_Occurrence]] = field(default_factory=dict)
 
     # -- reading -------------------------------------------------------------------------
     def _bytes(self, path: str) -> bytes:
@@ -231,6 +231,9 @@ class Project:
 
     # -- occurrences ---------------------------------------------------------------------
     def _occurrences(self, name: str) -> list[_Occurrence]:
+        hit = self._occ.get(name)
+        if hit is not None:
+            return hit
         self.index([name])
         out: list[_Occurrence] = []
         for path in self._hits[name]:
@@ -242,41 +245,56 @@ class Project:
                 out.append(_Occurrence(path, None, root=True))  # unreadable: assume a use
                 continue
             out.extend(_uses_in(path, tree, name, os.path.basename(path) == "__init__.py"))
+        self._occ[name] = out
         return out
 
     def referenced(self, path: str, node: ast.AST) -> bool:
-        """Whether the module-level definition ``node`` of ``path`` is ever used."""
+        """Whether the module-level definition ``node`` of ``path`` is ever used: a search from
+        it through the definitions that name it, up to a use that counts by itself."""
         key = (path, id(node))
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        if key in self._busy:
-            return False  # a cycle: only a use from outside it counts
-        self._busy.add(key)
-        try:
-            result = self._referenced(path, node)
-        finally:
-            self._busy.discard(key)
+        seen = {key}
+        frontier = [(path, node)]
+        result = False
+        while frontier and not result:
+            self.index(n.name for _, n in frontier)  # one pass over the files per level
+            nxt = []
+            for p, n in frontier:
+                for ref in self._referrers(p, n):
+                    if ref is None or self._memo.get((ref[0], id(ref[1]))):
+                        result = True
+                        break
+                    k = (ref[0], id(ref[1]))
+                    if k not in seen and k not in self._memo:
+                        seen.add(k)
+                        nxt.append(ref)
+                if result:
+                    break
+            frontier = nxt
         self._memo[key] = result
         return result
 
-    def _referenced(self, path: str, node: ast.AST) -> bool:
+    def _referrers(self, path: str, node: ast.AST):
+        """The definitions that name ``node``; None for a use that counts by itself."""
         name = node.name
         if name.startswith("__") or _registers(node):
-            return True
+            yield None
+            return
         in_tests = _is_test_file(path)
         if in_tests and (name.startswith("test") or name.startswith("Test")):
-            return True
+            yield None
+            return
         for occ in self._occurrences(name):
             if occ.root or occ.container is None:
-                return True
+                yield None
+                return
             if occ.path == path and occ.container is node:
                 continue  # the definition naming itself (recursion, super(Name, self))
             if not in_tests and _test_code(occ.path, occ.container):
                 continue  # product code that only tests exercise does not run in training
-            if self.referenced(occ.path, occ.container):
-                return True
-        return False
+            yield (occ.path, occ.container)
 
     def in_use(self, path: str, tree: ast.Module) -> bool:
         """Whether the project uses this file at all (some module-level definition is referenced).

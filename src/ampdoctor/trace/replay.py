@@ -41,6 +41,9 @@ _FILLS = {"masked_fill", "masked_fill_", "fill", "fill_", "full", "full_like", "
           "clone", "lift_fresh", "detach", "view", "_unsafe_view", "expand", "t", "transpose", "permute",
           "reshape", "unsqueeze", "squeeze", "slice", "select", "contiguous", "alias"}
 _CASTS = {"_to_copy", "to", "copy_", "_autocast_to_reduced_precision"}
+# ops that return uninitialised memory: whatever bits it holds (NaN patterns included) are no result
+_UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
+                  "resize_", "resize_as_", "set_"}
 _NODE_LIMIT = 20_000
 
 
@@ -76,6 +79,8 @@ class _OriginMode(TorchDispatchMode):
         if self.origin is not None:
             return out
         name = func.overloadpacket.__name__
+        if name in _UNINITIALISED:
+            return out
         outs = _tensors(out)
         if not outs:
             return out

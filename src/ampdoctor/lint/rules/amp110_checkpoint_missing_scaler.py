@@ -15,6 +15,23 @@ from ampdoctor.lint.semantic.flow import flow_of
 
 _SAVE = {"torch.save", "torch.serialization.save"}
 _SCALER_METHODS = ("scale", "unscale_", "step", "update")
+_SAVE_HELPERS = {"save_checkpoint", "save_ckpt", "save_on_master", "save_model_checkpoint", "checkpoint_save",
+                 "save_training_state", "save_state_dict"}
+_SAVING_OBJECTS = ("accelerator", "fabric", "xm")  # their .save(obj, path) is torch.save
+
+
+def _save_helper(q: str) -> bool:
+    """A call that may write a checkpoint: `save_checkpoint`, `save_model`, `utils.save_on_master`,
+    `accelerator.save` (what it is given decides: a dict with the optimizer state, or an optimizer)."""
+    parts = q.split(".")
+    last = parts[-1].lower()
+    if last in _SAVE_HELPERS or last.startswith("save_") or last.endswith("_save"):
+        return "load" not in last
+    return last == "save" and len(parts) >= 2 and parts[-2].lower() in _SAVING_OBJECTS
+
+
+def _mentions_scaler(names, expr: cst.BaseExpression) -> bool:
+    return any(voc.is_scaler(names, n) for n in [expr, *h.walk(expr)] if isinstance(n, (cst.Name, cst.Attribute)))
 _MUTATORS = ("update", "setdefault", "__setitem__", "pop", "clear")
 
 
@@ -27,6 +44,7 @@ class _Save:
     func_id: int  # id of the enclosing def, 0 at module level
     function: cst.FunctionDef | None  # the enclosing def
     klass: int | None  # id of the enclosing class
+    optimizer_given: bool = False  # a save helper receives the optimizer itself, not a dict
 
 
 def _where(ctx) -> tuple[int, cst.FunctionDef | None, int | None]:
@@ -50,6 +68,10 @@ class CheckpointMissingScaler(Rule):
     message = ("This checkpoint stores the optimizer state but not the GradScaler's: a resumed run "
                "restarts the loss scale at its initial value and skips steps until it backs off again. "
                "Add `\"scaler\": {s}.state_dict()` and restore it with `{s}.load_state_dict(...)`.")
+    conditional_message = ("This checkpoint stores the optimizer state but not the GradScaler's, which is "
+                           "enabled when `{cond}`: a run resumed in that mode restarts the loss scale at its "
+                           "initial value and skips steps until it backs off again. Add `\"scaler\": "
+                           "{s}.state_dict()` and restore it with `{s}.load_state_dict(...)`.")
     fix_availability = "suggestion"
     words = (b"scaler", b"Scaler")
     summary = "`torch.save` of a training checkpoint with the optimizer state but no GradScaler state."
@@ -69,6 +91,8 @@ class CheckpointMissingScaler(Rule):
         # where the scaler lives: defs, classes, module level
         self.scaler_defs: set[int] = set()
         self.scaler_classes: set[int] = set()
+        # the `enabled=` condition of each scaler built here (None: always on)
+        self.conditions: list[str | None] = []
 
     def _scope(self) -> int:
         s = h.enclosing_scope(self.ctx)
@@ -82,6 +106,12 @@ class CheckpointMissingScaler(Rule):
         scope, _, klass = _where(self.ctx)
         if u.is_grad_scaler_ctor(names, node):
             if not u.scaler_off(names, node):
+                en = u.scaler_enabled(names, node)
+                precision = en is not None and any(
+                    w in voc.PRECISION_WORDS or w in ("float16", "fp16") for n in h.names_in(en) for w in voc.words(n)) \
+                    or en is not None and any(w in (h.string_value(x) or "").lower() for x in h.walk(en)
+                                              if isinstance(x, cst.SimpleString) for w in ("16", "half"))
+                self.conditions.append(u.short(en, 40) if precision else None)  # a precision mode, not the device
                 t = u.scaler_target(self.ctx)
                 self._scaler_here(scope, klass, t)
                 if t and t not in self.scaler_names:
@@ -102,9 +132,29 @@ class CheckpointMissingScaler(Rule):
                 else:
                     self._scaler_here(scope, klass, dotted_name(recv))
             return
-        if names.qualified(node.func) in _SAVE and node.args and node.args[0].keyword is None:
+        q = names.qualified(node.func) or ""
+        if q in _SAVE and node.args and node.args[0].keyword is None:
             _, fn, _ = _where(self.ctx)
             self.saves.append(_Save(node, self._scope(), node.args[0].value, self.order, scope, fn, klass))
+        elif _save_helper(q) and not any(_mentions_scaler(names, a.value) for a in node.args) \
+                and not self._defined_here(q):
+            # `save_checkpoint(ckpt, is_best, dir)`, `utils.save_on_master(state, path)`,
+            # `accelerator.save(state, path)`, `save_model(..., states={...})`: a helper (often in
+            # another file) that writes a dict; `save_checkpoint(net, optim, lr, epoch, path)`
+            # one that builds it from the optimizer it is given
+            _, fn, _ = _where(self.ctx)
+            for a in node.args:
+                if a.star:
+                    continue
+                if voc.is_optimizer(names, a.value):
+                    self.saves.append(_Save(node, self._scope(), a.value, self.order, scope, fn, klass, True))
+                else:
+                    self.saves.append(_Save(node, self._scope(), a.value, self.order, scope, fn, klass))
+
+    def _defined_here(self, q: str) -> bool:
+        """A helper defined in this file: its own `torch.save` is judged where it is."""
+        last = q.rsplit(".", 1)[-1]
+        return any(f.name == last for f in facts_of(self.ctx).calls.functions.values())
 
     def _scaler_here(self, scope: int, klass: int | None, name: str | None) -> None:
         self.uses_scaler = True
@@ -145,15 +195,21 @@ class CheckpointMissingScaler(Rule):
         s = self.scaler_names[0] if len(self.scaler_names) == 1 else "scaler"
         seen: set[int] = set()
         for save in self.saves:
-            d = self._dict_of(save)
+            d = save.call if save.optimizer_given else self._dict_of(save)
             if d is None or id(d) in seen:
                 continue  # one report per checkpoint, not per `torch.save` of it (last, best, ...)
-            if not self._has_optimizer(d) or self._has_scaler(d) or not self._related(save):
+            if not save.optimizer_given and (not self._has_optimizer(d) or self._has_scaler(d)):
+                continue
+            if not self._related(save):
                 continue
             if save.func_id in self.saved_defs or save.klass is not None and save.klass in self.saved_classes:
                 continue  # the scaler state is saved next to it
             seen.add(id(d))
-            self.report(save.call, self.message.format(s=s))
+            conds = set(self.conditions)
+            if len(conds) == 1 and None not in conds:
+                self.report(save.call, self.conditional_message.format(s=s, cond=conds.pop()))
+            else:
+                self.report(save.call, self.message.format(s=s))
 
     def _dict_of(self, save: _Save) -> cst.Dict | None:
         return self._as_dict(save.arg, save, 0)

@@ -9,6 +9,7 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import autocast as acs
 from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic.facts import facts_of
 
 _LOW = ("float16", "bfloat16")
 _WHY = {
@@ -50,9 +51,22 @@ class HalfInsideAutocast(Rule):
             return  # a test that feeds float16 inputs to autocast on purpose
         if region is None or branches.under_precision_branch(self.ctx, region.node):
             return  # `if use_pure_fp16: x = x.half()`: a deliberate, mode-dependent cast
+        if self._weights_low_precision(region.node):
+            return  # the model's weights are 16-bit: inputs cast to match them are needed
         call = source.short(node, 50)
         msg = self.message.format(call=call, why=_WHY[dtype])
         self.report(node, msg, self._fix(node, recv, meth))
+
+    def _weights_low_precision(self, region: cst.CSTNode) -> bool:
+        """A model is cast to or loaded in a 16-bit (or configured) dtype at module level or in
+        this function, outside the region (a cast inside it is what this rule reports)."""
+        models = facts_of(self.ctx).evidence.low_precision_models
+        if not models:
+            return False
+        fn = next((p for p in self.ctx.ancestors() if isinstance(p, cst.FunctionDef)), None)
+        here = {0, id(fn)} if fn is not None else {0}
+        inside = {id(n) for n in h.walk(region, enter_scopes=True)}
+        return any(scope in here and id(call) not in inside for call, scope in models)
 
     def _to_dtype(self, node: cst.Call) -> str | None:
         cands = [h.arg(node, None, "dtype")]

@@ -62,6 +62,9 @@ class Evidence:
         self.facts: list[Fact] = []
         self.bf16_casts: set[int] = set()  # scopes (def/class ids, 0 for module level) that cast to bfloat16
         self._training: dict[int, bool] = {}
+        # (call, scope) where a model's weights are cast to (or loaded in) float16, bfloat16 or a
+        # configured dtype: inputs cast to that dtype by hand then match the weights
+        self.low_precision_models: list[tuple[cst.Call, int]] = []
         self._walk(module)
 
     def fp16_for(self, stack: list[cst.CSTNode], kinds: tuple[str, ...] | None = None) -> Fact | None:
@@ -171,6 +174,8 @@ class Evidence:
             target = cast_target(names, n)
             if target == "bfloat16":
                 self.bf16_casts.add(scope)
+            if target in ("float16", "bfloat16", "?") and self._model_receiver(n.func.value):  # type: ignore[attr-defined]
+                self.low_precision_models.append((n, scope))  # `model.to(dtype)`, `net.bfloat16()`
             if target == "float16":
                 self._add(n, STRONG if self._model_receiver(n.func.value) else WEAK, scope, "cast")  # type: ignore[attr-defined]
                 return
@@ -185,6 +190,9 @@ class Evidence:
                 if a.keyword is None:
                     continue
                 k = a.keyword.value
+                if k == "torch_dtype" and h.dtype_of(names, a.value) != "float32" and \
+                        not (isinstance(a.value, cst.SimpleString) and h.string_value(a.value) == "auto"):
+                    self.low_precision_models.append((n, scope))  # weights loaded 16-bit or configured
                 if k in ("torch_dtype", "dtype") and self._maybe_fp16(a.value):
                     strong = k == "torch_dtype" or q.rsplit(".", 1)[-1] == "from_pretrained"
                     self._add(n, STRONG if strong and q not in _FACTORIES else WEAK, scope, "cast")
