@@ -34,4 +34,7 @@ class ScaleWithoutScalerStep(ScalerFlow):
                 continue
             if any(e.kind == "zero_grad" and b.order < e.order < t.order and reaches(b, e) for e in region):
                 continue  # the scaled gradients are cleared before the step
+            if b.scaler in self.unit_scale and not any(e.kind == "update" and e.scaler == b.scaler
+                                                       for e in self.events):
+                continue  # GradScaler(1) never updated: the scale stays 1, the gradients are the loss's
             self.report(t.node, self.message.format(o=short(t.arg), s=b.scaler))

@@ -247,6 +247,8 @@ class ScalerFlow(Rule):
         self._seen_statements: set[int] = set()
         # scalers built with a literal `enabled=False`: (function id, name), or (0, "self.x")
         self._disabled: set[tuple[int, str]] = set()
+        # names of scalers built with init_scale=1
+        self.unit_scale: set[str] = set()
 
     def leave_Module(self, node: cst.Module) -> None:
         if self._disabled:
@@ -378,6 +380,11 @@ class ScalerFlow(Rule):
                 region = self._region_id()
                 for d in filter(None, map(dotted_name, targets)):
                     self._disabled.add((0 if "." in d or self.ctx.scope_depth == 0 else region, d))
+            # GradScaler(1) / GradScaler(init_scale=1.0): a scale of 1 until update() changes it
+            legacy = (self.ctx.names.qualified(value.func) or "").startswith("torch.cuda.amp")
+            init = h.arg(value, 0 if legacy else 1, "init_scale")  # torch.amp's first argument is the device
+            if init is not None and h.number_value(init) == 1.0:
+                self.unit_scale.update(filter(None, map(dotted_name, targets)))
         region = self._region_id()
         s = self._scaled_by(value) if value is not None else None
         for t in targets:
