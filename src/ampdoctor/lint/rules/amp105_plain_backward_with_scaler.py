@@ -4,6 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.rule import FixSpec
+from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.semantic.scaler import ScalerFlow, code_of, exclusive, reaches, short, strip_parens
 
 
@@ -20,12 +21,26 @@ class PlainBackwardWithScaler(ScalerFlow):
     words = (b"caler.step(", b"GradScaler")
     summary = "An unscaled `loss.backward()` whose gradients are stepped by `GradScaler.step()`."
 
+    def _unscaled_by_callers(self, p) -> bool:
+        """Some in-file caller passes a loss that is visibly not scaled (``self._backward(loss * w)``);
+        a plain name may have been scaled before the call, so it does not count."""
+        info = facts_of(self.ctx).calls.function(p.extra["parameter"])
+        if info is None:
+            return False
+        for site in info.sites:
+            args = [a.value for a in site.call.args if a.keyword is None]
+            if args and not isinstance(strip_parens(args[0]), cst.Name) and "scale" not in code_of(args[0]):
+                return True
+        return False
+
     def decide(self) -> None:
         for p in self.events:
             if p.kind != "plain_bw":
                 continue
             if any(c.amp for c in p.conds):
                 continue  # `if not use_amp: loss.backward()`: the author picks the backward per mode
+            if p.extra.get("parameter") and not self._unscaled_by_callers(p):
+                continue  # `def _backward(self, loss)`: the caller passes `self.scaler.scale(loss)`
             region = [e for e in self.events if e.region == p.region]
             if any(e.kind in ("scale_bw", "maybe_bw") and exclusive(e, p) for e in region):
                 continue  # `if amp: S.scale(l).backward() else: l.backward()`: a deliberate switch

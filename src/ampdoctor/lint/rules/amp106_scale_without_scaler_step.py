@@ -2,7 +2,12 @@ from __future__ import annotations
 
 
 from ampdoctor.diagnostics import Severity
+from ampdoctor.lint.semantic.facts import facts_of
 from ampdoctor.lint.semantic.scaler import ScalerFlow, reaches, short
+
+# optimizers whose update is invariant to a constant factor on the gradients (up to eps)
+_ADAPTIVE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam",
+             "FusedAdam", "Adafactor", "Lion"}
 
 
 class ScaleWithoutScalerStep(ScalerFlow):
@@ -34,7 +39,19 @@ class ScaleWithoutScalerStep(ScalerFlow):
                 continue
             if any(e.kind == "zero_grad" and b.order < e.order < t.order and reaches(b, e) for e in region):
                 continue  # the scaled gradients are cleared before the step
-            if b.scaler in self.unit_scale and not any(e.kind == "update" and e.scaler == b.scaler
-                                                       for e in self.events):
+            unit = (b.region, b.scaler) in self.unit_scale or (0, b.scaler) in self.unit_scale
+            if unit and not any(e.kind == "update" and e.scaler == b.scaler for e in self.events):
                 continue  # GradScaler(1) never updated: the scale stays 1, the gradients are the loss's
+            if self._loss_multiplier(t):
+                continue
             self.report(t.node, self.message.format(o=short(t.arg), s=b.scaler))
+
+    def _loss_multiplier(self, t) -> bool:
+        """No float16 anywhere in the file (no autocast, no cast) and an adaptive optimizer:
+        the scaler only multiplies the loss (nerfacc scales tiny gradients up on purpose), and
+        Adam-style updates do not change with the gradients' scale."""
+        ev = facts_of(self.ctx).evidence
+        if any(f.kind in ("autocast", "cast", "config") for f in ev.facts):
+            return False
+        made = (self.ctx.names.assigned.get(t.arg or "") or "").rsplit(".", 1)[-1]
+        return made in _ADAPTIVE

@@ -91,6 +91,8 @@ class CheckpointMissingScaler(Rule):
         # where the scaler lives: defs, classes, module level
         self.scaler_defs: set[int] = set()
         self.scaler_classes: set[int] = set()
+        # the file restores an optimizer (a resume path): only then does a lost scale matter
+        self.resumes = False
         # the `enabled=` condition of each scaler built here (None: always on)
         self.conditions: list[str | None] = []
 
@@ -117,6 +119,8 @@ class CheckpointMissingScaler(Rule):
                 if t and t not in self.scaler_names:
                     self.scaler_names.append(t)
             return
+        if self._restores_optimizer(node):
+            self.resumes = True
         mc = h.method_call(node, "state_dict", *_SCALER_METHODS, *_MUTATORS)
         if mc is not None:
             recv, meth = mc
@@ -150,6 +154,20 @@ class CheckpointMissingScaler(Rule):
                     self.saves.append(_Save(node, self._scope(), a.value, self.order, scope, fn, klass, True))
                 else:
                     self.saves.append(_Save(node, self._scope(), a.value, self.order, scope, fn, klass))
+
+    def _restores_optimizer(self, node: cst.Call) -> bool:
+        """`optimizer.load_state_dict(...)`, or a load/resume helper given the optimizer
+        (`load_checkpoint(path, net, optim)`, `smart_resume(ckpt, optimizer, ...)`)."""
+        names = self.ctx.names
+        mc = h.method_call(node, "load_state_dict")
+        if mc is not None:
+            recv = mc[0]
+            d = (dotted_name(recv) or "").lower()
+            return voc.is_optimizer(names, recv) or "optim" in d or "opt" == d.rsplit(".", 1)[-1]
+        q = (names.qualified(node.func) or dotted_name(node.func) or "").rsplit(".", 1)[-1].lower()
+        if "load" in q or "resume" in q or "restore" in q:
+            return any(voc.is_optimizer(names, a.value) for a in node.args if not a.star)
+        return False
 
     def _defined_here(self, q: str) -> bool:
         """A helper defined in this file: its own `torch.save` is judged where it is."""
@@ -190,8 +208,8 @@ class CheckpointMissingScaler(Rule):
     # -- decision ---------------------------------------------------------------------
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.uses_scaler or 0 in self.saved_defs:
-            return
+        if not self.uses_scaler or 0 in self.saved_defs or not self.resumes:
+            return  # no resume path restores the optimizer here: the checkpoints are not resumed from
         s = self.scaler_names[0] if len(self.scaler_names) == 1 else "scaler"
         seen: set[int] = set()
         for save in self.saves:

@@ -247,8 +247,8 @@ class ScalerFlow(Rule):
         self._seen_statements: set[int] = set()
         # scalers built with a literal `enabled=False`: (function id, name), or (0, "self.x")
         self._disabled: set[tuple[int, str]] = set()
-        # names of scalers built with init_scale=1
-        self.unit_scale: set[str] = set()
+        # scalers built with init_scale=1: (function id, name), or (0, "self.x")
+        self.unit_scale: set[tuple[int, str]] = set()
 
     def leave_Module(self, node: cst.Module) -> None:
         if self._disabled:
@@ -383,8 +383,13 @@ class ScalerFlow(Rule):
             # GradScaler(1) / GradScaler(init_scale=1.0): a scale of 1 until update() changes it
             legacy = (self.ctx.names.qualified(value.func) or "").startswith("torch.cuda.amp")
             init = h.arg(value, 0 if legacy else 1, "init_scale")  # torch.amp's first argument is the device
-            if init is not None and h.number_value(init) == 1.0:
-                self.unit_scale.update(filter(None, map(dotted_name, targets)))
+            region = self._region_id()
+            for d in filter(None, map(dotted_name, targets)):
+                key = (0 if "." in d or self.ctx.scope_depth == 0 else region, d)
+                if init is not None and h.number_value(init) == 1.0:
+                    self.unit_scale.add(key)
+                else:
+                    self.unit_scale.discard(key)
         region = self._region_id()
         s = self._scaled_by(value) if value is not None else None
         for t in targets:
@@ -441,6 +446,20 @@ class ScalerFlow(Rule):
             return
         self._clip(node)
 
+    def _is_parameter(self, expr: cst.BaseExpression) -> cst.FunctionDef | None:
+        """The enclosing function when ``loss`` is one of its parameters: its caller made it (and
+        may have scaled it: ``self._backward(self.scaler.scale(loss))``)."""
+        expr = strip_parens(expr)
+        if not isinstance(expr, cst.Name):
+            return False
+        fn = next((p for p in self.ctx.ancestors() if isinstance(p, (cst.FunctionDef, cst.Lambda))), None)
+        if not isinstance(fn, cst.FunctionDef):
+            return None
+        ps = fn.params
+        if any(p.name.value == expr.value for p in (*ps.posonly_params, *ps.params, *ps.kwonly_params)):
+            return fn
+        return None
+
     def _backward(self, node: cst.Call, recv: cst.BaseExpression) -> None:
         if any(a.keyword is None for a in node.args):
             # `accelerator.backward(loss)`, `engine.backward(loss)`, `out.backward(grad)`; but
@@ -455,7 +474,7 @@ class ScalerFlow(Rule):
         elif scaled == "?":
             self._add("maybe_bw", node, None, code_of(recv))
         elif not _wrapper_receiver(recv):
-            self._add("plain_bw", node, None, code_of(recv), receiver=recv)
+            self._add("plain_bw", node, None, code_of(recv), receiver=recv, parameter=self._is_parameter(recv))
 
     def _clip(self, node: cst.Call) -> None:
         names = self.ctx.names
