@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -170,48 +171,64 @@ def _word(name: str) -> re.Pattern:
     return re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
 
 
+@dataclass(frozen=True)
+class _Def:
+    """A module-level definition, by value: results stay valid after its tree is dropped."""
+
+    path: str
+    name: str
+    line: int
+    registers: bool  # a decorator that may register it
+    test: bool  # test code (a test file, `_test_*`, a unittest class)
+
+
+def _def(path: str, node: ast.AST) -> _Def:
+    return _Def(path, node.name, node.lineno, _registers(node), _test_code(path, node))
+
+
 @dataclass
 class _Occurrence:
     path: str
-    container: ast.AST | None  # outermost definition holding it; None at module level
+    container: _Def | None  # outermost definition holding it; None at module level
+    method: str | None = None  # the method of a class container it is in
     root: bool = False  # counts as a use by itself
+
+
+TREE_CACHE = 16  # parsed files kept at once (a common name can occur in hundreds)
 
 
 @dataclass
 class Project:
     files: list[str]
-    _trees: dict[str, ast.Module | None] = field(default_factory=dict)
-    _data: dict[str, bytes] = field(default_factory=dict)
-    _memo: dict[tuple[str, int], bool] = field(default_factory=dict)
+    _trees: "OrderedDict[str, ast.Module | None]" = field(default_factory=OrderedDict)
+    _memo: dict = field(default_factory=dict)
     _hits: dict[str, list[str]] = field(default_factory=dict)
     _occ: dict[str, list[_Occurrence]] = field(default_factory=dict)
 
     # -- reading -------------------------------------------------------------------------
-    def _bytes(self, path: str) -> bytes:
-        hit = self._data.get(path)
-        if hit is None:
-            try:
-                if os.path.getsize(path) > MAX_TEXT_BYTES:
-                    hit = b""
-                else:
-                    with open(path, "rb") as f:
-                        hit = f.read()
-            except OSError:
-                hit = b""
-            if path.endswith(".py"):
-                pass  # Python sources are read again when needed: most hold no candidate name
-            else:
-                self._data[path] = hit
-        return hit
+    @staticmethod
+    def _bytes(path: str) -> bytes:
+        try:
+            if os.path.getsize(path) > MAX_TEXT_BYTES:
+                return b""
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
 
     def tree(self, path: str) -> ast.Module | None:
-        if path not in self._trees:
-            try:
-                with open(path, "rb") as f:
-                    self._trees[path] = ast.parse(f.read(), filename=path)
-            except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-                self._trees[path] = None
-        return self._trees[path]
+        if path in self._trees:
+            self._trees.move_to_end(path)
+            return self._trees[path]
+        try:
+            with open(path, "rb") as f:
+                t = ast.parse(f.read(), filename=path)
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            t = None
+        self._trees[path] = t
+        if len(self._trees) > TREE_CACHE:
+            self._trees.popitem(last=False)
+        return t
 
     def index(self, names: Iterable[str]) -> None:
         """One pass over the project's files for every name not looked up yet."""
@@ -248,53 +265,50 @@ class Project:
         self._occ[name] = out
         return out
 
-    def referenced(self, path: str, node: ast.AST) -> bool:
-        """Whether the module-level definition ``node`` of ``path`` is ever used: a search from
-        it through the definitions that name it, up to a use that counts by itself."""
-        key = (path, id(node))
-        hit = self._memo.get(key)
+    def referenced(self, d: _Def) -> bool:
+        """Whether the module-level definition ``d`` is ever used: a search from it through the
+        definitions that name it, up to a use that counts by itself."""
+        hit = self._memo.get(d)
         if hit is not None:
             return hit
-        seen = {key}
-        frontier = [(path, node)]
+        seen = {d}
+        frontier = [d]
         result = False
         while frontier and not result:
-            self.index(n.name for _, n in frontier)  # one pass over the files per level
+            self.index(x.name for x in frontier)  # one pass over the files per level
             nxt = []
-            for p, n in frontier:
-                for ref in self._referrers(p, n):
-                    if ref is None or self._memo.get((ref[0], id(ref[1]))):
+            for x in frontier:
+                for ref in self._referrers(x):
+                    if ref is None or self._memo.get(ref):
                         result = True
                         break
-                    k = (ref[0], id(ref[1]))
-                    if k not in seen and k not in self._memo:
-                        seen.add(k)
+                    if ref not in seen and ref not in self._memo:
+                        seen.add(ref)
                         nxt.append(ref)
                 if result:
                     break
             frontier = nxt
-        self._memo[key] = result
+        self._memo[d] = result
         return result
 
-    def _referrers(self, path: str, node: ast.AST):
-        """The definitions that name ``node``; None for a use that counts by itself."""
-        name = node.name
-        if name.startswith("__") or _registers(node):
+    def _referrers(self, d: _Def):
+        """The definitions that name ``d``; None for a use that counts by itself."""
+        if d.name.startswith("__") or d.registers:
             yield None
             return
-        in_tests = _is_test_file(path)
-        if in_tests and (name.startswith("test") or name.startswith("Test")):
+        in_tests = _is_test_file(d.path)
+        if in_tests and (d.name.startswith("test") or d.name.startswith("Test")):
             yield None
             return
-        for occ in self._occurrences(name):
+        for occ in self._occurrences(d.name):
             if occ.root or occ.container is None:
                 yield None
                 return
-            if occ.path == path and occ.container is node:
+            if occ.container == d:
                 continue  # the definition naming itself (recursion, super(Name, self))
-            if not in_tests and _test_code(occ.path, occ.container):
+            if not in_tests and occ.container.test:
                 continue  # product code that only tests exercise does not run in training
-            yield (occ.path, occ.container)
+            yield occ.container
 
     def in_use(self, path: str, tree: ast.Module) -> bool:
         """Whether the project uses this file at all (some module-level definition is referenced).
@@ -302,16 +316,16 @@ class Project:
         A file none of whose definitions is used anywhere is a standalone script or snippet, or
         one loaded in a way no text shows (by path, by a plugin system): its entry points are
         unknown, so nothing in it is treated as unused."""
-        key = (path, id(tree))
+        key = ("file", path)
         hit = self._memo.get(key)
         if hit is None:
-            tops = [n for ns in _top_defs(tree).values() for n in ns]
-            self.index(n.name for n in tops)
-            hit = any(self.referenced(path, n) for n in tops)
+            tops = [_def(path, n) for ns in _top_defs(tree).values() for n in ns]
+            self.index(t.name for t in tops)
+            hit = any(self.referenced(t) for t in tops)
             self._memo[key] = hit
         return hit
 
-    def method_referenced(self, path: str, cls: ast.ClassDef, method: ast.AST) -> bool:
+    def method_referenced(self, cls: _Def, method: ast.AST) -> bool:
         """A private method is used when its name occurs outside itself in referenced code."""
         name = method.name
         if not name.startswith("_") or name.startswith("__") or _registers(method):
@@ -319,24 +333,13 @@ class Project:
         for occ in self._occurrences(name):
             if occ.root or occ.container is None:
                 return True
-            if occ.path == path and occ.container is cls:
-                if _outside(cls, method, name):
-                    return True
+            if occ.container == cls:
+                if occ.method != name:
+                    return True  # another method of the class calls it
                 continue
-            if self.referenced(occ.path, occ.container):
+            if self.referenced(occ.container):
                 return True
         return False
-
-
-def _outside(cls: ast.ClassDef, method: ast.AST, name: str) -> bool:
-    """Whether ``name`` occurs in ``cls`` outside ``method``'s own body."""
-    for st in cls.body:
-        if st is method:
-            continue
-        for n in ast.walk(st):
-            if _names(n, name):
-                return True
-    return False
 
 
 def _names(n: ast.AST, name: str) -> bool:
@@ -354,18 +357,25 @@ def _names(n: ast.AST, name: str) -> bool:
 def _uses_in(path: str, tree: ast.Module, name: str, init: bool):
     """Occurrences of ``name`` in a module, each with its outermost enclosing definition."""
     for st in _walk_statements(tree.body):
-        if isinstance(st, _DEFS):
-            yield from _uses_under(path, st, st, name, init)
+        if isinstance(st, ast.ClassDef):
+            holder = _def(path, st)
+            for part in (*st.bases, *st.keywords, *st.decorator_list):
+                yield from _uses_under(path, part, holder, None, name, init)
+            for child in st.body:
+                method = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+                yield from _uses_under(path, child, holder, method, name, init)
+        elif isinstance(st, _DEFS):
+            yield from _uses_under(path, st, _def(path, st), None, name, init)
         else:
             # a compound statement's own expressions (its body's statements come separately)
             for child in ast.iter_child_nodes(st):
                 if not isinstance(child, (ast.stmt, ast.excepthandler)) and type(child).__name__ != "match_case":
-                    yield from _uses_under(path, child, None, name, init)
+                    yield from _uses_under(path, child, None, None, name, init)
             if isinstance(st, (ast.Import, ast.ImportFrom)):
-                yield from _uses_under(path, st, None, name, init)
+                yield from _uses_under(path, st, None, None, name, init)
 
 
-def _uses_under(path: str, node: ast.AST, holder, name: str, init: bool):
+def _uses_under(path: str, node: ast.AST, holder, method, name: str, init: bool):
     for n in ast.walk(node):
         if isinstance(n, (ast.Import, ast.ImportFrom)):
             for a in n.names:
@@ -374,9 +384,9 @@ def _uses_under(path: str, node: ast.AST, holder, name: str, init: bool):
                     # a re-export in a package's __init__ or under another name is a use;
                     # a plain import is not: the importing module's own uses are found by name
                     if init or (a.asname and a.asname != name):
-                        yield _Occurrence(path, holder, root=holder is None)
+                        yield _Occurrence(path, holder, method, root=holder is None)
         elif _names(n, name):
-            yield _Occurrence(path, holder)
+            yield _Occurrence(path, holder, method)
 
 
 def _chain_names(chain: list[ast.AST]) -> str:
@@ -432,12 +442,12 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
         for d, chain in chains:
             if not chain:
                 continue
-            top = chain[0]
+            top = _def(path, chain[0])
             unused = None
-            if not proj.referenced(path, top) and proj.in_use(path, tree):
+            if not proj.referenced(top) and proj.in_use(path, tree):
                 unused = chain[:1]
-            elif isinstance(top, ast.ClassDef) and len(chain) > 1 and not isinstance(chain[1], ast.ClassDef):
-                if not proj.method_referenced(path, top, chain[1]):
+            elif isinstance(chain[0], ast.ClassDef) and len(chain) > 1 and not isinstance(chain[1], ast.ClassDef):
+                if not proj.method_referenced(top, chain[1]):
                     unused = chain[:2]
             if unused is not None:
                 drop.add(id(d))

@@ -188,8 +188,11 @@ class CheckpointMissingScaler(Rule):
         if save.func_id in self.scaler_defs:
             return True
         fn = facts_of(self.ctx).calls.function(save.function) if save.function is not None else None
-        return fn is not None and any(site.caller is not None and id(site.caller.node) in self.scaler_defs
-                                      for site in fn.sites)
+        # a helper called from a def that uses the scaler, or from a method of a class that holds it
+        return fn is not None and any(
+            site.caller is not None and (id(site.caller.node) in self.scaler_defs or
+                                         site.caller.cls is not None and id(site.caller.cls.node) in self.scaler_classes)
+            for site in fn.sites)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
