@@ -126,3 +126,24 @@ def test_a_private_method_nobody_calls_and_deprecations_everywhere(tmp_path):
     assert [u["definition"] for u in doc["unreferenced"]] == ["Trainer._old_step"]
     codes = sorted(d["code"] for d in doc["diagnostics"])
     assert codes == ["AMP101", "AMP501"]  # the deprecation is reported in unused code too
+
+
+def test_a_package_module_nothing_imports_is_left_out_whole(tmp_path):
+    """A copy left beside the real module (`modeling_llama_.py`): nothing imports or names it."""
+    body = "import torch\n" + LOOP.format(name="fit")
+    root = _project(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/loops.py": body,
+        "pkg/loops_old.py": body,
+        "pkg/script.py": body + "\nif __name__ == '__main__':\n    pass\n",
+        "train.py": "from pkg.loops import fit\nfit(None, None, [])\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    assert sorted(Path(d["path"]).name for d in doc["diagnostics"]) == ["loops.py", "script.py"]
+    assert [u["definition"] for u in doc["unreferenced"]] == ["loops_old.py (never imported)"]
+    # named in a shell script or a config: no longer unused
+    (root / "run.sh").write_text("python -c 'import pkg.loops_old'\n", "utf-8")
+    code, out = _lint(root, "--format", "json")
+    assert sorted(Path(d["path"]).name for d in json.loads(out)["diagnostics"]) == ["loops.py", "loops_old.py",
+                                                                                     "script.py"]

@@ -325,6 +325,25 @@ class Project:
             self._memo[key] = hit
         return hit
 
+    def dead_module(self, path: str, tree: ast.Module) -> bool:
+        """A module of a package that nothing imports or names: no `__main__` block, not a test, a
+        package that does not import its modules by scanning its folder, and a module name that
+        occurs in no other file of the project (no import, no string, no config or doc mention).
+        A copy left beside the real one (`modeling_llama_.py`)."""
+        key = ("dead", path)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        stem = os.path.basename(path).rsplit(".", 1)[0]
+        hit = False
+        init = os.path.join(os.path.dirname(path), "__init__.py")
+        if stem.isidentifier() and stem != "__init__" and not _is_test_file(path) \
+                and os.path.exists(init) and not _auto_imports(init) and not _has_main_block(tree):
+            self.index([stem])
+            hit = not any(p != path for p in self._hits[stem])
+        self._memo[key] = hit
+        return hit
+
     def method_referenced(self, cls: _Def, method: ast.AST) -> bool:
         """A private method is used when its name occurs outside itself in referenced code."""
         name = method.name
@@ -389,6 +408,21 @@ def _uses_under(path: str, node: ast.AST, holder, method, name: str, init: bool)
             yield _Occurrence(path, holder, method)
 
 
+def _auto_imports(init: str) -> bool:
+    """The package imports its modules by scanning its folder (fairseq's `import_models`,
+    plugin registries): a module nobody names may still be loaded."""
+    data = Project._bytes(init)
+    return any(w in data for w in (b"import_module", b"__import__", b"pkgutil", b"listdir", b"glob",
+                                   b"iter_modules", b"scandir", b"spec_from_file_location"))
+
+
+def _has_main_block(tree: ast.Module) -> bool:
+    for st in tree.body:
+        if isinstance(st, ast.If) and "__main__" in ast.dump(st.test):
+            return True
+    return False
+
+
 def _chain_names(chain: list[ast.AST]) -> str:
     return ".".join(getattr(n, "name", "?") for n in chain)
 
@@ -439,6 +473,11 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
             continue
         chains = [(d, chain_at(tree, d.line)) for d in ds]
         proj.index(c[0].name for _, c in chains if c)
+        if proj.dead_module(path, tree):
+            for d, _ in chains:
+                drop.add(id(d))
+                hidden.append(Hidden(d, os.path.basename(path) + " (never imported)"))
+            continue
         for d, chain in chains:
             if not chain:
                 continue

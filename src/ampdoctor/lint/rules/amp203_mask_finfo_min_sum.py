@@ -37,6 +37,36 @@ class MaskFinfoMinSum(Rule):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._returns: dict[int, bool] = {}  # id(FunctionDef) -> whether it can return finfo.min
+        self._pending: list[cst.CSTNode] = []  # sums to report unless the file clamps its scores
+
+    def leave_Module(self, node: cst.Module) -> None:
+        """The attention of this file clamps its scores back to `finfo.min` after adding the mask
+        (`torch.max(scores, torch.tensor(torch.finfo(dtype).min))`, the Hugging Face fix): a -inf
+        mask sum is clamped before the softmax, so no row turns into NaN."""
+        if self._pending and not self._scores_clamped(node):
+            for n in self._pending:
+                self.report(n)
+
+    def _scores_clamped(self, module: cst.Module) -> bool:
+        """Some function clamps to `finfo.min` and then takes a softmax: the attention itself."""
+        names = self.ctx.names
+        for fn in h.walk(module, enter_scopes=True):
+            if not isinstance(fn, cst.FunctionDef):
+                continue
+            clamp = softmax = False
+            for n in h.walk(fn.body):
+                if not isinstance(n, cst.Call):
+                    continue
+                q = names.qualified(n.func) or ""
+                last = q.rsplit(".", 1)[-1] or (n.func.attr.value if isinstance(n.func, cst.Attribute) else "")
+                if last == "softmax":
+                    softmax = True
+                elif last in _CLAMPS and any(mu.is_finfo_min(names, m) for a in n.args
+                                             for m in [a.value, *h.walk(a.value)]):
+                    clamp = True
+            if clamp and softmax:
+                return True
+        return False
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         names = self.ctx.names
@@ -55,7 +85,7 @@ class MaskFinfoMinSum(Rule):
             at = flow.pos(n)
             if self._holds(left, flow, at, binding_holds) and self._holds(right, flow, at, binding_holds) \
                     and not self._clamped(n, flow):
-                self.report(n)
+                self._pending.append(n)
 
     def _holder(self, node: cst.FunctionDef):
         """The flow of ``node`` and ``binding_holds(name, at)``: whether the binding of a name
