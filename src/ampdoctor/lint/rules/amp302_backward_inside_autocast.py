@@ -45,8 +45,52 @@ class BackwardInsideAutocast(Rule):
             return
         if voc.in_test(self.ctx):
             return  # a test or benchmark timing the backward under autocast: no training is affected
-        _, region = regions[0]
+        ac, region = regions[0]
+        conditional = ac.enabled is None or (ac.dtype_expr is not None and ac.dtype is None)
+        if conditional and self._in_amp_off_arm(region):
+            return  # `if scaler is None: loss.backward()`: the arm of the mode the region does not lower
+        if self._refuses_amp():
+            return  # `if self.use_amp: raise NotImplementedError`: this code never trains under AMP
         self.report(node, self.message.format(call=call), self._fix(region))
+
+    def _amp_test(self, test: cst.BaseExpression) -> bool:
+        return u.test_mentions(self.ctx.names, test) or any(
+            "amp" in voc.words(n) for n in h.names_in(test))
+
+    def _in_amp_off_arm(self, region: cst.CSTNode) -> bool:
+        """Inside the region, in the arm of an `if` about the precision that runs without AMP:
+        the body of `if scaler is None:` / `if not use_amp:`, the else of `if use_amp:`."""
+        stack = self.ctx.parents
+        for i in range(len(stack) - 2, -1, -1):
+            p, child = stack[i], stack[i + 1]
+            if p is region:
+                return False
+            if not isinstance(p, cst.If) or child is p.test or not self._amp_test(p.test):
+                continue
+            test, negated = p.test, False
+            if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+                test, negated = test.expression, True
+            if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+                    isinstance(test.comparisons[0].comparator, cst.Name) and \
+                    test.comparisons[0].comparator.value == "None":
+                op = test.comparisons[0].operator
+                negated ^= isinstance(op, cst.Is)  # `x is None`: the body runs without AMP
+            in_body = child is p.body
+            return in_body == negated
+        return False
+
+    def _refuses_amp(self) -> bool:
+        """The enclosing function raises in its AMP mode (`if self.use_amp: raise ...`)."""
+        fn = next((p for p in self.ctx.ancestors() if isinstance(p, cst.FunctionDef)), None)
+        if fn is None:
+            return False
+        for n in h.walk(fn.body):
+            if isinstance(n, cst.If) and self._amp_test(n.test) and \
+                    isinstance(n.body, cst.IndentedBlock) and n.body.body and \
+                    isinstance(n.body.body[0], cst.SimpleStatementLine) and \
+                    any(isinstance(x, cst.Raise) for x in n.body.body[0].body):
+                return True
+        return False
 
     def _simple(self, expr: cst.CSTNode) -> bool:
         """An expression that computes nothing autocast would touch: names, literals,
