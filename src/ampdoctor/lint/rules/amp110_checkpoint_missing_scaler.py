@@ -139,7 +139,14 @@ class CheckpointMissingScaler(Rule):
         q = names.qualified(node.func) or ""
         if q in _SAVE and node.args and node.args[0].keyword is None:
             _, fn, _ = _where(self.ctx)
-            self.saves.append(_Save(node, self._scope(), node.args[0].value, self.order, scope, fn, klass))
+            first = node.args[0].value
+            sd = h.method_call(first, "state_dict")
+            if sd is not None and voc.is_optimizer(names, sd[0]):
+                # `torch.save(optimizer.state_dict(), "optimizer.pt")`: files per object, and
+                # no `scaler.pt` beside it (a `scaler.state_dict()` in the same def or class is)
+                self.saves.append(_Save(node, self._scope(), first, self.order, scope, fn, klass, True))
+            else:
+                self.saves.append(_Save(node, self._scope(), first, self.order, scope, fn, klass))
         elif _save_helper(q) and not any(_mentions_scaler(names, a.value) for a in node.args) \
                 and not self._defined_here(q):
             # `save_checkpoint(ckpt, is_best, dir)`, `utils.save_on_master(state, path)`,
