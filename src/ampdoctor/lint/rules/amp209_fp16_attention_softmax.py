@@ -121,13 +121,14 @@ class Fp16AttentionSoftmax(Rule):
         return False
 
     def _uses_sdpa(self, module: cst.Module) -> bool:
-        """The file calls a fused attention kernel: its hand-written attention is a deliberate
-        fallback or reference (timm's `fused_attn` switch, a pattern for a compiler pass)."""
+        """The file uses a fused attention kernel (calls it, or hands it to a benchmark helper):
+        its hand-written attention is a deliberate fallback or reference (timm's `fused_attn`
+        switch, flash-attention's eager baseline, a pattern for a compiler pass)."""
         for n in h.walk(module, enter_scopes=True):
-            if isinstance(n, cst.Call):
-                q = self.ctx.names.qualified(n.func) or ""
+            if isinstance(n, (cst.Name, cst.Attribute)):
+                q = self.ctx.names.qualified(n) or ""
                 last = q.rsplit(".", 1)[-1]
-                if "scaled_dot_product" in last or last in _FUSED:
+                if "scaled_dot_product" in last or last in _FUSED or last.startswith("flash_attn"):
                     return True
         return False
 
@@ -146,7 +147,7 @@ class Fp16AttentionSoftmax(Rule):
             for n in [expr, *h.walk(expr)]:
                 ops = mu.matmul_operands(names, n)
                 if ops is not None:
-                    if self._bounded(ops, flow, at):
+                    if _scaled_in_gemm(names, n) or self._bounded(ops, flow, at):
                         return None  # the logits cannot get near the float16 range
                     found = True
                     for op in ops:  # q and k: were they upcast before the matmul?
@@ -203,6 +204,15 @@ _NORMALIZERS = ("normalize", "l2norm", "l2_norm", "unit", "cosine")
 _NORM_LAYERS = ("layer_norm", "layernorm", "rms_norm", "rmsnorm", "q_norm", "k_norm", "qk_norm", "norm_q",
                 "norm_k", "q_ln", "k_ln", "ln_q", "ln_k", "lnq", "lnk")
 _SCALES = ("scale", "scaling", "temperature", "temp", "sqrt", "rsqrt", "inv_sqrt", "norm_factor", "softmax_scale")
+
+
+def _scaled_in_gemm(names, node: cst.CSTNode) -> bool:
+    """`torch.baddbmm(out, q, k, beta=0, alpha=softmax_scale)`: the 1/sqrt(d) factor is applied
+    inside the GEMM, so what is stored is the final logit, not the raw dot product."""
+    if not isinstance(node, cst.Call) or not (names.qualified(node.func) or "").endswith("baddbmm"):
+        return False
+    alpha = h.arg(node, 4, "alpha")
+    return alpha is not None and h.number_value(alpha) != 1.0
 
 
 def _operand_kinds(names, expr: cst.CSTNode) -> set[str]:
