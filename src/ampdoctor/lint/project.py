@@ -291,6 +291,35 @@ class Project:
         self._memo[d] = result
         return result
 
+    def resolve(self, starts: Iterable[_Def]) -> None:
+        """`referenced` for many definitions at once: one breadth-first search per start, run
+        level by level together, so each level reads the project's files once for all of them."""
+        todo = [d for d in dict.fromkeys(starts) if d not in self._memo]
+        state = {d: ({d}, [d]) for d in todo}  # start -> (seen, frontier)
+        while state:
+            self.index(x.name for _, frontier in state.values() for x in frontier)
+            done = []
+            for d, (seen, frontier) in state.items():
+                nxt = []
+                found = False
+                for x in frontier:
+                    for ref in self._referrers(x):
+                        if ref is None or self._memo.get(ref):
+                            found = True
+                            break
+                        if ref not in seen and ref not in self._memo:
+                            seen.add(ref)
+                            nxt.append(ref)
+                    if found:
+                        break
+                if found or not nxt:
+                    self._memo[d] = found
+                    done.append(d)
+                else:
+                    state[d] = (seen, nxt)
+            for d in done:
+                del state[d]
+
     def _referrers(self, d: _Def):
         """The definitions that name ``d``; None for a use that counts by itself."""
         if d.name.startswith("__") or d.registers:
@@ -460,6 +489,30 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
     per_file: dict[str, list[Diagnostic]] = {}
     for d in candidates:
         per_file.setdefault(d.path, []).append(d)
+    # every name the checks below look up, found in one pass over the project's files
+    prepared: list[tuple[str, list[Diagnostic], Project, str, ast.Module]] = []
+    for display, ds in per_file.items():
+        real = real_paths[display]
+        proj = project_for(real)
+        if proj is None:
+            continue
+        path = os.fspath(real)
+        if path not in proj.files:
+            proj.files.append(path)
+        tree = proj.tree(path)
+        if tree is not None:
+            prepared.append((display, ds, proj, path, tree))
+    for proj in {id(p[2]): p[2] for p in prepared}.values():
+        mine = [p for p in prepared if p[2] is proj]
+        tops = []
+        for _, ds, _, path, tree in mine:
+            for d in ds:
+                chain = chain_at(tree, d.line)
+                if chain:
+                    tops.append(_def(path, chain[0]))
+        stems = [os.path.basename(path).rsplit(".", 1)[0] for _, _, _, path, _ in mine]
+        proj.index([t.name for t in tops] + [x for x in stems if x.isidentifier()])
+        proj.resolve(tops)
     for display, ds in per_file.items():
         real = real_paths[display]
         proj = project_for(real)

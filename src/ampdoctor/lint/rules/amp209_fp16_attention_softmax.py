@@ -125,11 +125,15 @@ class Fp16AttentionSoftmax(Rule):
         its hand-written attention is a deliberate fallback or reference (timm's `fused_attn`
         switch, flash-attention's eager baseline, a pattern for a compiler pass)."""
         for n in h.walk(module, enter_scopes=True):
-            if isinstance(n, (cst.Name, cst.Attribute)):
-                q = self.ctx.names.qualified(n) or ""
-                last = q.rsplit(".", 1)[-1]
-                if "scaled_dot_product" in last or last in _FUSED or last.startswith("flash_attn"):
-                    return True
+            t = type(n)
+            if t is cst.Name:
+                last = n.value
+            elif t is cst.Attribute:
+                last = n.attr.value
+            else:
+                continue
+            if last in _FUSED or last.startswith(("scaled_dot_product", "flash_attn")):
+                return True
         return False
 
     # -- data flow -----------------------------------------------------------------------
