@@ -268,28 +268,9 @@ class Project:
     def referenced(self, d: _Def) -> bool:
         """Whether the module-level definition ``d`` is ever used: a search from it through the
         definitions that name it, up to a use that counts by itself."""
-        hit = self._memo.get(d)
-        if hit is not None:
-            return hit
-        seen = {d}
-        frontier = [d]
-        result = False
-        while frontier and not result:
-            self.index(x.name for x in frontier)  # one pass over the files per level
-            nxt = []
-            for x in frontier:
-                for ref in self._referrers(x):
-                    if ref is None or self._memo.get(ref):
-                        result = True
-                        break
-                    if ref not in seen and ref not in self._memo:
-                        seen.add(ref)
-                        nxt.append(ref)
-                if result:
-                    break
-            frontier = nxt
-        self._memo[d] = result
-        return result
+        if d not in self._memo:
+            self.resolve([d])
+        return self._memo[d]
 
     def resolve(self, starts: Iterable[_Def]) -> None:
         """`referenced` for many definitions at once: one breadth-first search per start, run
@@ -489,8 +470,8 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
     per_file: dict[str, list[Diagnostic]] = {}
     for d in candidates:
         per_file.setdefault(d.path, []).append(d)
-    # every name the checks below look up, found in one pass over the project's files
-    prepared: list[tuple[str, list[Diagnostic], Project, str, ast.Module]] = []
+    # the definition around each finding, looked up for all of them in one search
+    prepared = []
     for display, ds in per_file.items():
         real = real_paths[display]
         proj = project_for(real)
@@ -501,31 +482,14 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
             proj.files.append(path)
         tree = proj.tree(path)
         if tree is not None:
-            prepared.append((display, ds, proj, path, tree))
-    for proj in {id(p[2]): p[2] for p in prepared}.values():
-        mine = [p for p in prepared if p[2] is proj]
-        tops = []
-        for _, ds, _, path, tree in mine:
-            for d in ds:
-                chain = chain_at(tree, d.line)
-                if chain:
-                    tops.append(_def(path, chain[0]))
-        stems = [os.path.basename(path).rsplit(".", 1)[0] for _, _, _, path, _ in mine]
+            prepared.append((proj, path, tree, [(d, chain_at(tree, d.line)) for d in ds]))
+    for proj in {id(p[0]): p[0] for p in prepared}.values():
+        mine = [p for p in prepared if p[0] is proj]
+        tops = [_def(path, c[0]) for _, path, _, chains in mine for _, c in chains if c]
+        stems = [os.path.basename(path).rsplit(".", 1)[0] for _, path, _, _ in mine]
         proj.index([t.name for t in tops] + [x for x in stems if x.isidentifier()])
         proj.resolve(tops)
-    for display, ds in per_file.items():
-        real = real_paths[display]
-        proj = project_for(real)
-        if proj is None:
-            continue
-        path = os.fspath(real)
-        if path not in proj.files:
-            proj.files.append(path)
-        tree = proj.tree(path)
-        if tree is None:
-            continue
-        chains = [(d, chain_at(tree, d.line)) for d in ds]
-        proj.index(c[0].name for _, c in chains if c)
+    for proj, path, tree, chains in prepared:
         if proj.dead_module(path, tree):
             for d, _ in chains:
                 drop.add(id(d))
