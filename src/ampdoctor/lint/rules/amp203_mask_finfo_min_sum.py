@@ -40,67 +40,56 @@ class MaskFinfoMinSum(Rule):
         self._pending: list[cst.CSTNode] = []  # sums to report unless the file clamps its scores
 
     def leave_Module(self, node: cst.Module) -> None:
-        """The attention of this file clamps its scores back to `finfo.min` after adding the mask
-        (`torch.max(scores, torch.tensor(torch.finfo(dtype).min))`, the Hugging Face fix): a -inf
-        mask sum is clamped before the softmax, so no row turns into NaN."""
-        if self._pending and not self._scores_clamped(node) and self._applies_additive_mask(node):
+        if not self._pending:
+            return
+        clamped, applied = self._attention_facts(node)
+        if not clamped and applied:
             for n in self._pending:
                 self.report(n)
 
-    def _applies_additive_mask(self, module: cst.Module) -> bool:
-        """The file's attention adds a mask to its scores before a softmax (`scores + mask`), or
-        passes one to a fused kernel (`attn_mask=...`). A file whose attention ignores it
+    def _attention_facts(self, module: cst.Module) -> tuple[bool, bool]:
+        """(clamped, applied), from one walk over the file's functions.
+
+        clamped: some function clamps to `finfo.min` and then takes a softmax, the attention
+        itself (`torch.max(scores, torch.tensor(torch.finfo(dtype).min))`, the Hugging Face fix):
+        a -inf mask sum is clamped before the softmax, so no row turns into NaN.
+
+        applied: the file's attention adds a mask to its scores before a softmax (`scores + mask`),
+        or passes one to a fused kernel (`attn_mask=...`). A file whose attention ignores it
         (`scaled_dot_product_attention(q, k, v, is_causal=True)`: "padding mask is ignored")
         never turns the -inf sum into NaN. A file with no attention at all builds masks for
         attention elsewhere (a model wrapper, a mask utility): that attention may add them."""
         names = self.ctx.names
-        attention_here = False
+        clamped = applied = attention_here = False
         for fn in h.walk(module, enter_scopes=True):
             if not isinstance(fn, cst.FunctionDef):
                 continue
-            softmax = added = False
+            softmax = added = clamp = False
             for n in h.walk(fn.body):
                 if isinstance(n, cst.Call):
+                    if mu.softmax_input(names, n) is not None:
+                        softmax = attention_here = True
+                        continue
                     q = names.qualified(n.func) or ""
                     last = q.rsplit(".", 1)[-1] or (n.func.attr.value if isinstance(n.func, cst.Attribute) else "")
-                    if last == "softmax":
-                        softmax = attention_here = True
-                    elif "scaled_dot_product" in last or "flash_attn" in last or "memory_efficient_attention" in last:
+                    if "scaled_dot_product" in last or "flash_attn" in last or "memory_efficient_attention" in last:
                         attention_here = True
-                    if last != "softmax" and any(a.keyword is not None and a.keyword.value in ("attn_mask", "attn_bias", "mask", "bias")
-                             and not (isinstance(a.value, cst.Name) and a.value.value == "None") for a in n.args) \
-                            and ("attention" in last or "attn" in last):
-                        return True  # a fused kernel given a mask
+                    if ("attention" in last or "attn" in last) and any(
+                            a.keyword is not None and a.keyword.value in ("attn_mask", "attn_bias", "mask", "bias")
+                            and not (isinstance(a.value, cst.Name) and a.value.value == "None") for a in n.args):
+                        applied = True  # a fused kernel given a mask
+                    elif last in _CLAMPS and any(mu.is_finfo_min(names, m) for a in n.args
+                                                 for m in [a.value, *h.walk(a.value)]):
+                        clamp = True
                 elif isinstance(n, (cst.BinaryOperation, cst.AugAssign)) and isinstance(
                         n.operator, (cst.Add, cst.AddAssign)):
                     sides = (n.left, n.right) if isinstance(n, cst.BinaryOperation) else (n.target, n.value)
                     if all(any(True for _ in h.names_in(side)) for side in sides):
                         added = True  # `scores + mask`, `attn += bias` (not `x + 1`)
-            if softmax and added:
-                return True
+            clamped = clamped or (clamp and softmax)
+            applied = applied or (added and softmax)
         # no attention in this file: the masks are built for attention elsewhere, which may add them
-        return not attention_here
-
-    def _scores_clamped(self, module: cst.Module) -> bool:
-        """Some function clamps to `finfo.min` and then takes a softmax: the attention itself."""
-        names = self.ctx.names
-        for fn in h.walk(module, enter_scopes=True):
-            if not isinstance(fn, cst.FunctionDef):
-                continue
-            clamp = softmax = False
-            for n in h.walk(fn.body):
-                if not isinstance(n, cst.Call):
-                    continue
-                q = names.qualified(n.func) or ""
-                last = q.rsplit(".", 1)[-1] or (n.func.attr.value if isinstance(n.func, cst.Attribute) else "")
-                if last == "softmax":
-                    softmax = True
-                elif last in _CLAMPS and any(mu.is_finfo_min(names, m) for a in n.args
-                                             for m in [a.value, *h.walk(a.value)]):
-                    clamp = True
-            if clamp and softmax:
-                return True
-        return False
+        return clamped, applied or not attention_here
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         names = self.ctx.names
