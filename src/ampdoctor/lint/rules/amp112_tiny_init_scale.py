@@ -8,7 +8,7 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
-from ampdoctor.lint.semantic.config import scaler_target
+from ampdoctor.lint.semantic.config import scaler_arg, scaler_target
 from ampdoctor.lint.semantic import vocabulary as voc
 
 DEFAULT_SCALE = 2.0 ** 16
@@ -49,17 +49,16 @@ class TinyInitScale(Rule):
         q = self.ctx.names.qualified(node.func) or ""
         if not voc.is_grad_scaler_name(q) or h.has_star_args(node) or voc.in_test(self.ctx):
             return  # tests pick a small scale on purpose (to see it grow, to compare states)
-        generic = not q.startswith(("torch.cuda.", "torch.cpu."))
-        off = 1 if generic else 0  # torch.amp.GradScaler(device, init_scale, growth_factor, backoff, interval, enabled)
-        enabled = h.arg(node, off + 4, "enabled")
+        names = self.ctx.names
+        enabled = scaler_arg(names, node, "enabled")
         if isinstance(enabled, cst.Name) and enabled.value == "False":
             return
-        init = h.number_value(h.arg(node, off, "init_scale"))
+        init = h.number_value(scaler_arg(names, node, "init_scale"))
         if init is None or init <= 0 or init >= DEFAULT_SCALE:
             return
-        growth = h.number_value(h.arg(node, off + 1, "growth_factor"))
+        growth = h.number_value(scaler_arg(names, node, "growth_factor"))
         growth = 2.0 if growth is None else growth
-        interval = h.number_value(h.arg(node, off + 3, "growth_interval"))
+        interval = h.number_value(scaler_arg(names, node, "growth_interval"))
         interval = 2000 if interval is None else interval
         if growth <= 1 or interval <= 0:
             return

@@ -45,6 +45,18 @@ def scaler_enabled(names: Names, call: cst.Call) -> cst.BaseExpression | None:
     return h.arg(call, _ENABLED_POSITION.get(q), "enabled")
 
 
+# GradScaler parameters after the device that torch.amp's (and ShardedGradScaler's) take first
+_SCALER_PARAMS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
+
+
+def scaler_arg(names: Names, call: cst.Call, param: str) -> cst.BaseExpression | None:
+    """A GradScaler constructor argument by parameter name, positional or keyword:
+    ``torch.cuda.amp.GradScaler(init_scale, ...)``, ``torch.amp.GradScaler(device, init_scale, ...)``."""
+    q = names.qualified(call.func) or ""
+    offset = 0 if q.startswith(("torch.cuda.", "torch.cpu.")) else 1
+    return h.arg(call, offset + _SCALER_PARAMS.index(param), param)
+
+
 def is_literal(node: cst.CSTNode | None, value: bool) -> bool:
     return isinstance(node, cst.Name) and node.value == ("True" if value else "False")
 

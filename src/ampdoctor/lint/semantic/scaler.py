@@ -28,7 +28,7 @@ import libcst as cst
 
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
-from ampdoctor.lint.semantic import source
+from ampdoctor.lint.semantic import config, source
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import vocabulary as voc
 
@@ -376,16 +376,14 @@ class ScalerFlow(Rule):
     def _bind(self, targets, value) -> None:
         if isinstance(value, cst.Call) and voc.is_grad_scaler_name(self.ctx.names.qualified(value.func)):
             enabled = h.arg(value, None, "enabled")
-            if isinstance(enabled, cst.Name) and enabled.value == "False":
-                region = self._region_id()
-                for d in filter(None, map(dotted_name, targets)):
-                    self._disabled.add((0 if "." in d or self.ctx.scope_depth == 0 else region, d))
             # GradScaler(1) / GradScaler(init_scale=1.0): a scale of 1 until update() changes it
-            legacy = (self.ctx.names.qualified(value.func) or "").startswith("torch.cuda.amp")
-            init = h.arg(value, 0 if legacy else 1, "init_scale")  # torch.amp's first argument is the device
+            init = config.scaler_arg(self.ctx.names, value, "init_scale")
             region = self._region_id()
             for d in filter(None, map(dotted_name, targets)):
+                # an attribute or a module-level name is one scaler for the file; a local, per function
                 key = (0 if "." in d or self.ctx.scope_depth == 0 else region, d)
+                if isinstance(enabled, cst.Name) and enabled.value == "False":
+                    self._disabled.add(key)
                 if init is not None and h.number_value(init) == 1.0:
                     self.unit_scale.add(key)
                 else:
@@ -451,7 +449,7 @@ class ScalerFlow(Rule):
         may have scaled it: ``self._backward(self.scaler.scale(loss))``)."""
         expr = strip_parens(expr)
         if not isinstance(expr, cst.Name):
-            return False
+            return None
         fn = next((p for p in self.ctx.ancestors() if isinstance(p, (cst.FunctionDef, cst.Lambda))), None)
         if not isinstance(fn, cst.FunctionDef):
             return None
