@@ -109,10 +109,7 @@ class CheckpointMissingScaler(Rule):
         if u.is_grad_scaler_ctor(names, node):
             if not u.scaler_off(names, node):
                 en = u.scaler_enabled(names, node)
-                precision = en is not None and any(
-                    w in voc.PRECISION_WORDS or w in ("float16", "fp16") for n in h.names_in(en) for w in voc.words(n)) \
-                    or en is not None and any(w in (h.string_value(x) or "").lower() for x in h.walk(en)
-                                              if isinstance(x, cst.SimpleString) for w in ("16", "half"))
+                precision = en is not None and u.precision_test(names, en)
                 self.conditions.append(u.short(en, 40) if precision else None)  # a precision mode, not the device
                 t = u.scaler_target(self.ctx)
                 self._scaler_here(scope, klass, t)

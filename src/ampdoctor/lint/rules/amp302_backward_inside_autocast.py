@@ -53,10 +53,6 @@ class BackwardInsideAutocast(Rule):
             return  # `if self.use_amp: raise NotImplementedError`: this code never trains under AMP
         self.report(node, self.message.format(call=call), self._fix(region))
 
-    def _amp_test(self, test: cst.BaseExpression) -> bool:
-        return u.test_mentions(self.ctx.names, test) or any(
-            "amp" in voc.words(n) for n in h.names_in(test))
-
     def _in_amp_off_arm(self, region: cst.CSTNode) -> bool:
         """Inside the region, in the arm of an `if` about the precision that runs without AMP:
         the body of `if scaler is None:` / `if not use_amp:`, the else of `if use_amp:`."""
@@ -65,7 +61,7 @@ class BackwardInsideAutocast(Rule):
             p, child = stack[i], stack[i + 1]
             if p is region:
                 return False
-            if not isinstance(p, cst.If) or child is p.test or not self._amp_test(p.test):
+            if not isinstance(p, cst.If) or child is p.test or not u.precision_test(self.ctx.names, p.test):
                 continue
             test, negated = p.test, False
             if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
@@ -85,7 +81,7 @@ class BackwardInsideAutocast(Rule):
         if fn is None:
             return False
         for n in h.walk(fn.body):
-            if isinstance(n, cst.If) and self._amp_test(n.test) and \
+            if isinstance(n, cst.If) and u.precision_test(self.ctx.names, n.test) and \
                     isinstance(n.body, cst.IndentedBlock) and n.body.body and \
                     isinstance(n.body.body[0], cst.SimpleStatementLine) and \
                     any(isinstance(x, cst.Raise) for x in n.body.body[0].body):

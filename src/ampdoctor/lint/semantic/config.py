@@ -220,6 +220,12 @@ def in_precision_branch(ctx: Context, words=voc.PRECISION_SUBSTRINGS) -> bool:
     return False
 
 
+def precision_test(names: Names, expr: cst.CSTNode) -> bool:
+    """An expression about the precision mode: `args.fp16`, `dtype == "float16"`, `scaler is None`,
+    `self.use_amp`."""
+    return test_mentions(names, expr) or any("amp" in voc.words(n) for n in h.names_in(expr))
+
+
 def test_mentions(names: Names, test: cst.CSTNode, words=voc.PRECISION_SUBSTRINGS) -> bool:
     if h.mentions_dtype(names, test, "float16") or h.mentions_dtype(names, test, "bfloat16"):
         return True
