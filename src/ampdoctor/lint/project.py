@@ -29,6 +29,7 @@ import ast
 import os
 import re
 from collections import OrderedDict
+from functools import lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -120,20 +121,9 @@ def _registers(node: ast.AST) -> bool:
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def _top_defs(tree: ast.Module) -> dict[str, list[ast.AST]]:
-    """Module-level definitions by name (also those inside module-level if/try/with)."""
-    out: dict[str, list[ast.AST]] = {}
-    todo = list(tree.body)
-    while todo:
-        st = todo.pop()
-        if isinstance(st, _DEFS):
-            out.setdefault(st.name, []).append(st)
-        elif isinstance(st, (ast.If, ast.Try, ast.With, ast.For, ast.While)) or type(st).__name__ == "TryStar":
-            for f in ("body", "orelse", "finalbody"):
-                todo.extend(getattr(st, f, ()))
-            for h in getattr(st, "handlers", ()):
-                todo.extend(h.body)
-    return out
+def _top_defs(tree: ast.Module) -> list[ast.AST]:
+    """Module-level definitions (also those inside module-level if/try/with/for)."""
+    return [st for st in _walk_statements(tree.body) if isinstance(st, _DEFS)]
 
 
 def chain_at(tree: ast.Module, line: int) -> list[ast.AST]:
@@ -167,6 +157,7 @@ def _walk_statements(body: Iterable[ast.AST]):
                 yield from _walk_statements(c.body)
 
 
+@lru_cache(maxsize=1024)
 def _word(name: str) -> re.Pattern:
     return re.compile(rb"(?<![A-Za-z0-9_])" + re.escape(name.encode()) + rb"(?![A-Za-z0-9_])")
 
@@ -189,9 +180,8 @@ def _def(path: str, node: ast.AST) -> _Def:
 @dataclass
 class _Occurrence:
     path: str
-    container: _Def | None  # outermost definition holding it; None at module level
+    container: _Def | None  # outermost definition holding it; None: a use by itself (module level, a config)
     method: str | None = None  # the method of a class container it is in
-    root: bool = False  # counts as a use by itself
 
 
 TREE_CACHE = 16  # parsed files kept at once (a common name can occur in hundreds)
@@ -255,11 +245,11 @@ class Project:
         out: list[_Occurrence] = []
         for path in self._hits[name]:
             if not path.endswith((".py", ".pyi")):
-                out.append(_Occurrence(path, None, root=True))
+                out.append(_Occurrence(path, None))
                 continue
             tree = self.tree(path)
             if tree is None:
-                out.append(_Occurrence(path, None, root=True))  # unreadable: assume a use
+                out.append(_Occurrence(path, None))  # unreadable: assume a use
                 continue
             out.extend(_uses_in(path, tree, name, os.path.basename(path) == "__init__.py"))
         self._occ[name] = out
@@ -311,7 +301,7 @@ class Project:
             yield None
             return
         for occ in self._occurrences(d.name):
-            if occ.root or occ.container is None:
+            if occ.container is None:
                 yield None
                 return
             if occ.container == d:
@@ -329,7 +319,7 @@ class Project:
         key = ("file", path)
         hit = self._memo.get(key)
         if hit is None:
-            tops = [_def(path, n) for ns in _top_defs(tree).values() for n in ns]
+            tops = [_def(path, n) for n in _top_defs(tree)]
             self.index(t.name for t in tops)
             hit = any(self.referenced(t) for t in tops)
             self._memo[key] = hit
@@ -360,7 +350,7 @@ class Project:
         if not name.startswith("_") or name.startswith("__") or _registers(method):
             return True
         for occ in self._occurrences(name):
-            if occ.root or occ.container is None:
+            if occ.container is None:
                 return True
             if occ.container == cls:
                 if occ.method != name:
@@ -413,7 +403,7 @@ def _uses_under(path: str, node: ast.AST, holder, method, name: str, init: bool)
                     # a re-export in a package's __init__ or under another name is a use;
                     # a plain import is not: the importing module's own uses are found by name
                     if init or (a.asname and a.asname != name):
-                        yield _Occurrence(path, holder, method, root=holder is None)
+                        yield _Occurrence(path, holder, method)
         elif _names(n, name):
             yield _Occurrence(path, holder, method)
 
