@@ -205,7 +205,15 @@ def test_output_file_statistics_quiet(proj):
     assert r.exit_code == 1 and r.stdout == ""
     assert json.loads(Path("report.json").read_text())["summary"]["diagnostics"] == 2
     r = run(["lint", "--no-cache", "--statistics", "pkg"])
-    assert "1 AMP101 step-without-update" in " ".join(r.stdout.split())
+    words = " ".join(r.stdout.split())
+    assert "count code fix name 1 AMP101 [-] step-without-update" in words
+    assert "[-] fixable with `--fix --unsafe-fixes` only." in words  # the mark is explained
+    r = run(["lint", "--no-cache", "--statistics", "--format", "json", "pkg"])
+    assert json.loads(r.stdout) == [
+        {"code": "AMP101", "name": "step-without-update", "count": 1, "fixable": 0, "unsafe_fixable": 1},
+        {"code": "AMP401", "name": "empty-cache-in-loop", "count": 1, "fixable": 0, "unsafe_fixable": 1}]
+    r = run(["lint", "--no-cache", "--statistics", "--format", "sarif", "pkg"])
+    assert r.exit_code == 2 and "--statistics works with --format text, concise or json" in r.stderr
     r = run(["lint", "--no-cache", "--quiet", "pkg"])
     assert "Found" not in r.stdout and "AMP101" in r.stdout
 

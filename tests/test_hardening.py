@@ -534,7 +534,10 @@ def test_a_folder_of_10000_files(proj):
     ('[tool.ampdoctor]\nper-file-ignores = {"x.py" = 5}\n', "must be a list of strings"),
     ('[tool.ampdoctor]\nper-file-ignores = {"x.py" = ["AMP9"]}\n', "unknown rule code 'AMP9'"),
     ('[tool.ampdoctor]\nmin-torch-version = "banana"\n', "min-torch-version must look like"),
-    ('[tool.ampdoctor]\nmin-torch-version = [2]\n', "min-torch-version must look like"),
+    ('[tool.ampdoctor]\nmin-torch-version = [2]\n', "'min-torch-version' must be a quoted string"),
+    ('[tool.ampdoctor]\nmin-torch-version = 2.10\n', "got the float 2.1 (quote it"),
+    ('[tool.ampdoctor]\nselect = "AMP1"\n', "'select' must be a list of strings, e.g. select = [\"AMP1\"]"),
+    ('[tool.ampdoctor]\nselect = ["AMP9"]\n', "pyproject.toml: unknown rule code 'AMP9'"),
     ('[tool.ampdoctor]\nexclude = [1]\n', "'exclude' must be a list of strings"),
     ('[tool.ampdoctor]\nignore = {a = 1}\n', "'ignore' must be a list of strings"),
 ])
@@ -543,6 +546,7 @@ def test_invalid_config_table_is_one_line_exit_2(proj, toml, message):
     r = lint(["."], expect_exit=2)
     [line] = one_line_errors(r)
     assert message in line and "internal error" not in line, line
+    assert "pyproject.toml" in line, line  # every config error names its file
     assert r.stdout == ""
 
 

@@ -68,7 +68,10 @@ def _console(file, force_plain: bool):
         return Console(file=file, no_color=True, highlight=False, width=100, force_terminal=False,
                        soft_wrap=True, emoji=False)
     tty = hasattr(file, "isatty") and file.isatty()
-    return Console(file=file, highlight=False, emoji=False, width=None if tty else 120)
+    # a terminal's own width; piped output is 120 columns unless COLUMNS says otherwise
+    columns = os.environ.get("COLUMNS", "")
+    width = None if tty else (int(columns) if columns.isdigit() and int(columns) >= 20 else 120)
+    return Console(file=file, highlight=False, emoji=False, width=width)
 
 
 @main.command()
@@ -93,6 +96,8 @@ def _console(file, force_plain: bool):
 @click.option("--fix", is_flag=True, help="Apply safe fixes to the files.")
 @click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff, apply unsafe fixes too.")
 @click.option("--diff", is_flag=True, help="Print the fixes as a unified diff and write nothing.")
+@click.option("--show-fixes", is_flag=True,
+              help="Show each fix's edits under its diagnostic; with --fix, list what was fixed.")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Cache folder (default: .ampdoctor_cache).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="Worker processes (default: all cores).")
@@ -100,7 +105,7 @@ def _console(file, force_plain: bool):
               help="Also report defects in classes and functions nothing in the project refers to.")
 def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_exclude, no_respect_gitignore,
          stdin_filename, config_file, min_torch_version, fmt, output, statistics, quiet, exit_zero, fail_on,
-         fix, unsafe_fixes, diff, no_cache, cache_dir, jobs, include_unreferenced) -> None:
+         fix, unsafe_fixes, diff, show_fixes, no_cache, cache_dir, jobs, include_unreferenced) -> None:
     """Check PATHS (default: the current folder) for AMP anti-patterns. '-' reads standard input."""
     from ampdoctor import config as config_mod
     from ampdoctor.lint import discovery, registry, runner
@@ -114,6 +119,8 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
         raise AmpdoctorError("--unsafe-fixes needs --fix or --diff")
     if "-" in paths and len(paths) > 1:
         raise AmpdoctorError("'-' (standard input) cannot be combined with other paths")
+    if statistics and fmt not in ("text", "concise", "json"):
+        raise AmpdoctorError(f"--statistics works with --format text, concise or json, not {fmt}")
     selection = runner.Selection(
         select=_codes(select) if select else None,
         extend_select=_codes(extend_select),
@@ -171,6 +178,9 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
 
     for p in problems:
         click.echo(f"ampdoctor: error: {p}", err=True)
+    if files == 0 and not problems:
+        where = ", ".join(paths)
+        click.echo(f"ampdoctor: warning: no Python files found under {where}", err=True)
 
     diags = result.diagnostics
     internal = any(r.internal_error for r in result.results)
@@ -178,6 +188,14 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
     if diff:
         text = _diff_text(result, sources)
         _emit(text, output)
+        if not text and not quiet:
+            hidden = sum(1 for d in diags if d.fix is not None and d.fix.applicability.value == "unsafe")
+            if hidden and fix_mode != "unsafe":
+                click.echo(f"No safe fixes to show; {hidden} unsafe fix{'es' * (hidden != 1)} "
+                           f"{'are' if hidden != 1 else 'is'} available: `--diff --unsafe-fixes` shows "
+                           f"{'them' if hidden != 1 else 'it'}.", err=True)
+            else:
+                click.echo("No fixes to show.", err=True)
         code = EXIT_FINDINGS if text else EXIT_OK
         if internal or problems:
             code = EXIT_ERROR
@@ -191,7 +209,8 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
         report_to = None
 
     _report(fmt, diags, files, result.fixes_applied, fix_mode if fix else None, output, statistics, quiet,
-            sources, report_to, getattr(result, "unreferenced", []))
+            sources, report_to, getattr(result, "unreferenced", []), show_fixes=show_fixes,
+            applied=result.applied if fix else [], failed=bool(problems))
 
     threshold = Severity(fail_on).rank
     failing = [d for d in diags if d.severity.rank >= threshold]
@@ -279,11 +298,13 @@ def _tolerant(stream):
 
 
 def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sources, report_to,
-            unreferenced=()) -> None:
+            unreferenced=(), show_fixes=False, applied=(), failed=False) -> None:
     from ampdoctor.report import machine
 
-    if fmt == "json":
-        _emit(machine.to_json(diags, files, fixed, unreferenced), output)
+    if fmt == "json" and statistics:
+        _emit(machine.statistics_json(diags), output)
+    elif fmt == "json":
+        _emit(machine.to_json(diags, files, fixed, unreferenced, applied), output)
     elif fmt == "sarif":
         from ampdoctor.lint.registry import all_infos
         _emit(machine.to_sarif(diags, all_infos()), output)
@@ -292,7 +313,7 @@ def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sourc
     elif fmt == "concise" and not statistics:
         text = machine.to_concise(diags)
         if not quiet and not output:
-            text += _plain_summary(diags, files, fixed) + _unreferenced_line(unreferenced)
+            text += _plain_summary(diags, files, fixed, failed) + _unreferenced_line(unreferenced)
         _emit(text, output)
     else:
         from ampdoctor.report import text as text_mod
@@ -302,9 +323,11 @@ def _report(fmt, diags, files, fixed, fix_mode, output, statistics, quiet, sourc
         if statistics:
             text_mod.render_statistics(console, diags)
         else:
-            text_mod.render_diagnostics(console, diags, sources)
+            text_mod.render_diagnostics(console, diags, sources, show_fixes=show_fixes)
+        if show_fixes and applied:
+            text_mod.render_applied(console, applied)
         if not quiet:
-            text_mod.render_summary(console, diags, files, fixed, fix_mode)
+            text_mod.render_summary(console, diags, files, fixed, fix_mode, failed=failed)
             line = _unreferenced_line(unreferenced)
             if line:
                 console.print(line.rstrip("\n"), highlight=False, markup=False)
@@ -323,10 +346,12 @@ def _unreferenced_line(unreferenced) -> str:
             f"--include-unreferenced shows {'them' if n != 1 else 'it'}.\n")
 
 
-def _plain_summary(diags, files, fixed) -> str:
+def _plain_summary(diags, files, fixed, failed=False) -> str:
     out = f"Fixed {fixed} diagnostic{'s' * (fixed != 1)}.\n" if fixed else ""
     if not diags:
-        return out + f"All checks passed ({files} file{'s' * (files != 1)} checked).\n"
+        from ampdoctor.report.text import clean_line
+        line = clean_line(files, failed)
+        return out + (line + "\n" if line else "")
     n, with_diags = len(diags), len({d.path for d in diags})
     return out + f"Found {n} diagnostic{'s' * (n != 1)} in {with_diags} of {files} file{'s' * (files != 1)}.\n"
 

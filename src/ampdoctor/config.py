@@ -66,10 +66,26 @@ def parse_version(value: str, where: str) -> tuple[int, ...]:
 
 def _str_list(value, key: str, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
-        value = [value]
+        raise AmpdoctorError(f"{where}: '{key}' must be a list of strings, e.g. {key} = [{_toml_str(value)}], "
+                             f"not the string {_toml_str(value)}")
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise AmpdoctorError(f"{where}: '{key}' must be a list of strings")
+        raise AmpdoctorError(f"{where}: '{key}' must be a list of strings, got {_toml_value(value)}")
     return tuple(value)
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_value(v) -> str:
+    """A value as the user wrote it in TOML (not as Python prints it)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return str(v)
 
 
 def from_table(table: dict, root: Path, source: Path | None) -> Config:
@@ -84,9 +100,13 @@ def from_table(table: dict, root: Path, source: Path | None) -> Config:
     if not isinstance(pfi, dict):
         raise AmpdoctorError(f"{where}: 'per-file-ignores' must be a table of pattern = [codes]")
     mtv = table.get("min-torch-version")
+    if mtv is not None and not isinstance(mtv, str):
+        # an unquoted 2.10 is the TOML float 2.1: a number would silently name another version
+        raise AmpdoctorError(f"{where}: 'min-torch-version' must be a quoted string such as \"2.4\", "
+                             f"got the {type(mtv).__name__} {_toml_value(mtv)} (quote it: an unquoted 2.10 reads as 2.1)")
     unref = table.get("include-unreferenced", False)
     if not isinstance(unref, bool):
-        raise AmpdoctorError(f"{where}: 'include-unreferenced' must be true or false, got {unref!r}")
+        raise AmpdoctorError(f"{where}: 'include-unreferenced' must be true or false, got {_toml_value(unref)}")
     return Config(
         root=root,
         source=source,

@@ -85,6 +85,8 @@ class Diagnostic:
     message: str = field(compare=False)
     fix_title: str | None = field(default=None, compare=False)
     fix: Fix | None = field(default=None, compare=False)
+    # why it matters and what to do (``message`` is the short what, for the location line)
+    explanation: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict:
         return {
@@ -92,6 +94,7 @@ class Diagnostic:
             "name": self.name,
             "severity": self.severity.value,
             "message": self.message,
+            "explanation": self.explanation,
             "path": self.path,
             "line": self.line,
             "column": self.column,
@@ -115,6 +118,7 @@ class Diagnostic:
             message=d["message"],
             fix_title=d.get("fix_title"),
             fix=Fix.from_dict(d["fix"]) if d.get("fix") else None,
+            explanation=d.get("explanation"),
         )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from ampdoctor import __version__
 
 CACHE_DIR_NAME = ".ampdoctor_cache"
-_FORMAT = 1
+_FORMAT = 2
 
 
 def content_key(data: bytes, settings_key: str) -> str:

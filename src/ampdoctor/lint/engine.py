@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from ampdoctor.diagnostics import Applicability, Diagnostic, Fix
-from ampdoctor.lint import suppress
+from ampdoctor.lint import messages, suppress
 from ampdoctor.lint.registry import INTERNAL_ERROR, READ_ERROR, SYNTAX_ERROR, UNUSED_SUPPRESSION, all_infos
 from ampdoctor.lint.result import FileResult, Settings
 from ampdoctor.lint.result import diag_at as _diag_at
@@ -125,10 +125,11 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
             if edits:
                 fix = Fix(rep.fix.title or rep.rule.fix_title or "Apply fix",
                           Applicability.SAFE if rep.fix.safe else Applicability.UNSAFE, edits)
+        short, explanation = messages.split(_one_line(rep.message))
         diag = Diagnostic(
             path=path, line=rng.start.line, column=rng.start.column + 1, code=rep.rule.code,
             end_line=rng.end.line, end_column=rng.end.column + 1, name=info.name,
-            severity=info.severity, message=_one_line(rep.message),
+            severity=info.severity, message=short, explanation=explanation,
             fix_title=(rep.fix.title or rep.rule.fix_title) if rep.fix else
             (rep.rule.fix_title if rep.rule.fix_availability == "suggestion" else None), fix=fix,
         )
@@ -238,7 +239,7 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
             chosen = select_non_overlapping(candidates, allow_unsafe)
             if not chosen:
                 break
-            new_text = keep_final_cr(current, apply_fixes(passed.module, chosen))
+            new_text = keep_final_cr(current, apply_fixes(passed.module, [c[1] for c in chosen]))
             if new_text == current:
                 break
             probe_errors: list[Diagnostic] = []
@@ -250,10 +251,12 @@ def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) 
             current, passed = new_text, probe
             errors = [e for e in errors if e.code != INTERNAL_ERROR.code] + probe_errors
             result.fixes_applied += len(chosen)
+            result.applied.extend(c[0] for c in chosen)
         else:
             # still fixing after MAX_FIX_ROUNDS: a fix brings back what it fixed and would be
             # applied over and over, so none is applied
             current, passed, result.fixes_applied = text, first, 0
+            result.applied = []
             errors = first_errors + [_diag_at(path, INTERNAL_ERROR, 1, 1,
                                               f"fixes did not converge after {MAX_FIX_ROUNDS} rounds; "
                                               "the file was left as it was")]

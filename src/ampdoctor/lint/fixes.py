@@ -115,15 +115,17 @@ def _advance(line: int, col: int, text: str) -> tuple[int, int]:
     return line, col + len(text)
 
 
-def select_non_overlapping(fixable, allow_unsafe: bool) -> list[FixSpec]:
-    chosen: list[FixSpec] = []
+def select_non_overlapping(fixable, allow_unsafe: bool) -> list:
+    """The ``(diagnostic, FixSpec, span)`` entries to apply together: no two spans overlap."""
+    chosen: list = []
     taken: list[tuple[int, int, int, int]] = []
-    for _, spec, span in sorted(fixable, key=lambda f: f[2]):
+    for entry in sorted(fixable, key=lambda f: f[2]):
+        _, spec, span = entry
         if not spec.safe and not allow_unsafe:
             continue
         lo, hi = span[:2], span[2:]
         if any(not (hi <= t[:2] or lo >= t[2:]) for t in taken):
             continue
-        chosen.append(spec)
+        chosen.append(entry)
         taken.append(span)
     return chosen

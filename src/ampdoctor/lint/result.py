@@ -24,6 +24,7 @@ class FileResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     fixed: bytes | None = None  # new file content when fixes were applied
     fixes_applied: int = 0
+    applied: list[Diagnostic] = field(default_factory=list)  # the diagnostics whose fixes were applied
     skipped: bool = False  # the pre-filter found nothing to look at
 
     @property

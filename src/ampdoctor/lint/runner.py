@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import pathspec
 
 from ampdoctor.config import Config
-from ampdoctor.diagnostics import Diagnostic
+from ampdoctor.diagnostics import AmpdoctorError, Diagnostic
 from ampdoctor.lint import cache as cache_mod
 from ampdoctor.lint.discovery import Target
 from ampdoctor.lint.registry import READ_ERROR, resolve_selection
@@ -56,6 +56,11 @@ class RunResult:
     def fixes_applied(self) -> int:
         return sum(r.fixes_applied for r in self.results)
 
+    @property
+    def applied(self) -> list[Diagnostic]:
+        """The diagnostics whose fixes were applied (as first reported, before the fix)."""
+        return sorted(d for r in self.results for d in r.applied)
+
 
 class SettingsResolver:
     """Per-file settings from the file's config, the command line and per-file-ignores."""
@@ -76,13 +81,19 @@ class SettingsResolver:
                 (list(self.cli.select) if self.cli.select is not None else None,
                  list(self.cli.extend_select), list(self.cli.ignore)),
             ]
-            hit = self._base[cfg] = resolve_selection(layers)
-            from ampdoctor.lint.registry import expand
-            self._pfi[cfg] = [
-                (pathspec.GitIgnoreSpec.from_lines([pat]),
-                 frozenset().union(*(expand(c) for c in codes)) if codes else frozenset())
-                for pat, codes in cfg.per_file_ignores
-            ]
+            try:
+                hit = resolve_selection(layers)
+                from ampdoctor.lint.registry import expand
+                self._pfi[cfg] = [
+                    (pathspec.GitIgnoreSpec.from_lines([pat]),
+                     frozenset().union(*(expand(c) for c in codes)) if codes else frozenset())
+                    for pat, codes in cfg.per_file_ignores
+                ]
+            except AmpdoctorError as exc:  # a code from the config file: say which file
+                if cfg.source is None or str(cfg.source) in str(exc):
+                    raise
+                raise AmpdoctorError(f"{cfg.source}: {exc}") from None
+            self._base[cfg] = hit
         return hit
 
     def for_file(self, path: Path, cfg: Config) -> Settings:
@@ -229,7 +240,7 @@ def run(
             except OSError as exc:
                 # the file is as it was: report what is in it, not what the fixes left
                 settings = resolver.for_file(t.path, t.config)
-                r = _work((r.path, str(t.path), dataclasses.replace(settings, fix=None)))
+                r = _work((r.path, str(t.path), dataclasses.replace(settings, fix=None)))  # nothing applied
                 r.diagnostics.append(diag_at(r.path, READ_ERROR, 1, 1, f"cannot write the fixed file: {exc.strerror}"))
                 r.diagnostics.sort()
                 write_failed = True

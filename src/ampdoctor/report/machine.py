@@ -23,16 +23,25 @@ def summary(diags: list[Diagnostic], files: int, fixed: int) -> dict:
     }
 
 
-def to_json(diags: list[Diagnostic], files: int, fixed: int, unreferenced=()) -> str:
+def to_json(diags: list[Diagnostic], files: int, fixed: int, unreferenced=(), applied=()) -> str:
     doc = {
         "version": __version__,
         "diagnostics": [d.to_dict() for d in diags],
         "summary": summary(diags, files, fixed),
+        # with --fix: the diagnostics whose fixes were applied, where they were before the fix
+        "applied": [{"code": d.code, "name": d.name, "path": d.path, "line": d.line, "column": d.column}
+                    for d in applied],
         # defect-rule findings in definitions nothing in the project refers to (not counted)
         "unreferenced": [{"code": h.diagnostic.code, "path": h.diagnostic.path, "line": h.diagnostic.line,
                           "column": h.diagnostic.column, "definition": h.where} for h in unreferenced],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def statistics_json(diags: list[Diagnostic]) -> str:
+    """``--statistics --format json``: one object per rule (count, safe and unsafe fixable counts)."""
+    from ampdoctor.report.text import statistics_rows
+    return json.dumps(statistics_rows(diags), indent=2, ensure_ascii=False) + "\n"
 
 
 def to_concise(diags: Iterable[Diagnostic]) -> str:

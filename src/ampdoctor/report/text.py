@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from collections import Counter
 from typing import Iterable
 
@@ -38,56 +39,161 @@ def _source_line(cache: dict[str, list[str] | None], path: str, line: int) -> st
     return lines[line - 1]
 
 
-def render_diagnostics(console: Console, diags: Iterable[Diagnostic], sources: dict[str, str] | None = None) -> None:
+def _wrap(text: str, width: int, indent: str = "", first: str = "") -> list[str]:
+    """Word-wrapped lines; a word longer than the line stays whole on a line of its own."""
+    return textwrap.wrap(text, width=max(20, width), initial_indent=first, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+
+
+def render_diagnostics(console: Console, diags: Iterable[Diagnostic], sources: dict[str, str] | None = None,
+                       show_fixes: bool = False) -> None:
     cache: dict[str, list[str] | None] = {k: _split(v) for k, v in (sources or {}).items()}
+    width = console.width
     for d in diags:
         style = _STYLE[d.severity]
-        console.print(
-            f"[bold]{escape(d.path)}:{d.line}:{d.column}:[/bold] [{style}]{d.code}[/{style}] "
-            f"[dim]{d.name}[/dim] {escape(d.message)}",
-            highlight=False, soft_wrap=True,
-        )
+        head = f"{d.path}:{d.line}:{d.column}:"
+        lines = _wrap(f"{head} {d.code} {d.name} {d.message}", width, indent="    ")
+        first = lines[0]
+        if first.startswith(f"{head} {d.code} {d.name} "):
+            rest = first[len(f"{head} {d.code} {d.name} "):]
+            console.print(f"[bold]{escape(head)}[/bold] [{style}]{d.code}[/{style}] [dim]{d.name}[/dim] "
+                          f"{escape(rest)}", highlight=False, soft_wrap=True)
+        else:
+            console.print(escape(first), highlight=False, soft_wrap=True)
+        for line in lines[1:]:
+            console.print(escape(line), highlight=False, soft_wrap=True)
         src = _source_line(cache, d.path, d.line)
         if src is not None:
             gutter = len(str(d.line))
             src = (src.expandtabs(4) if "\t" not in src[: d.column] else src).translate(_CONTROL)
-            width = (d.end_column - d.column) if d.end_line == d.line else max(1, len(src.rstrip()) - d.column + 1)
+            span = (d.end_column - d.column) if d.end_line == d.line else max(1, len(src.rstrip()) - d.column + 1)
             console.print(f"[blue]{' ' * gutter} |[/blue]", highlight=False)
             console.print(f"[blue]{d.line} |[/blue] {escape(src)}", highlight=False, soft_wrap=True)
-            console.print(f"[blue]{' ' * gutter} |[/blue] {' ' * (d.column - 1)}[{style}]{'^' * max(1, width)}[/{style}]",
+            console.print(f"[blue]{' ' * gutter} |[/blue] {' ' * (d.column - 1)}[{style}]{'^' * max(1, span)}[/{style}]",
                           highlight=False, soft_wrap=True)
+        if d.explanation:
+            for line in _wrap(d.explanation, width, indent="  ", first="  "):
+                console.print(escape(line), highlight=False, soft_wrap=True)
         if d.fix_title:
             kind = f" ({d.fix.applicability.value} fix)" if d.fix else ""
-            console.print(f"  [green]= help:[/green] {escape(d.fix_title)}{kind}", highlight=False, soft_wrap=True)
+            lines = _wrap(f"{d.fix_title}{kind}", width, indent="          ", first="  = help: ")
+            console.print(f"  [green]= help:[/green] {escape(lines[0][len('  = help: '):])}", highlight=False,
+                          soft_wrap=True)
+            for line in lines[1:]:
+                console.print(escape(line), highlight=False, soft_wrap=True)
+        if show_fixes and d.fix is not None:
+            _render_edits(console, d)
         console.print()
 
 
-def render_summary(console: Console, diags: list[Diagnostic], files: int, fixed: int, fix_mode: str | None) -> None:
+def _render_edits(console: Console, d: Diagnostic) -> None:
+    """The fix's edits, one `- old` / `+ new` pair per edit, under the diagnostic (``--show-fixes``)."""
+    for e in d.fix.edits:
+        where = f"{e.line}:{e.column}" + (f"-{e.end_line}:{e.end_column}" if (e.end_line, e.end_column) != (e.line, e.column) else "")
+        if e.content:
+            for i, line in enumerate(e.content.rstrip("\n").split("\n") or [""]):
+                lead = f"  [green]+[/green] {where} " if i == 0 else "  [green]+[/green] " + " " * (len(where) + 1)
+                console.print(f"{lead}{escape(line.translate(_CONTROL))}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"  [red]-[/red] {where} (deleted)", highlight=False, soft_wrap=True)
+
+
+def clean_line(files: int, failed: bool) -> str | None:
+    """What a run without diagnostics says: never "All checks passed" when a path failed or no file was found."""
+    plural = "s" * (files != 1)
+    if failed and files == 0:
+        return None  # the errors on standard error say it all
+    if failed:
+        return f"No diagnostics in the {files} file{plural} checked, but some paths could not be checked (see above)."
+    if files == 0:
+        return None  # the warning on standard error says it
+    return f"All checks passed ({files} file{plural} checked)."
+
+
+def fixable_line(diags: list[Diagnostic], fix_mode: str | None) -> str | None:
+    """How many of the diagnostics a fix mode would fix, worded for the mode the run was in."""
+    safe = sum(1 for d in diags if d.fix and d.fix.applicability.value == "safe")
+    unsafe = sum(1 for d in diags if d.fix and d.fix.applicability.value == "unsafe")
+    if fix_mode == "unsafe":
+        return None
+    if fix_mode == "safe":  # what is left after --fix is unsafe only
+        return f"{unsafe} more fixable with `--fix --unsafe-fixes`." if unsafe else None
+    if safe and unsafe:
+        return f"{safe} fixable with `--fix`; {unsafe} more with `--fix --unsafe-fixes`."
+    if safe:
+        return f"{safe} fixable with `--fix`."
+    if unsafe:
+        return f"{unsafe} fixable with `--fix --unsafe-fixes` (none with `--fix` alone)."
+    return None
+
+
+def render_summary(console: Console, diags: list[Diagnostic], files: int, fixed: int, fix_mode: str | None,
+                   failed: bool = False) -> None:
     n = len(diags)
     if fixed:
         console.print(f"Fixed {fixed} diagnostic{'s' * (fixed != 1)}.", highlight=False)
     if n == 0:
-        console.print(f"[green]All checks passed[/green] ({files} file{'s' * (files != 1)} checked).", highlight=False)
+        line = clean_line(files, failed)
+        if line:
+            console.print(f"[green]{escape(line)}[/green]" if not failed else escape(line), highlight=False)
         return
     by_sev = Counter(d.severity for d in diags)
     parts = ", ".join(f"{by_sev[s]} {s.value}{'s' * (by_sev[s] != 1)}" for s in Severity if by_sev[s])
     console.print(f"Found {n} diagnostic{'s' * (n != 1)} ({parts}) in {len({d.path for d in diags})} of {files} "
                   f"file{'s' * (files != 1)}.", highlight=False)
-    safe = sum(1 for d in diags if d.fix and d.fix.applicability.value == "safe")
-    unsafe = sum(1 for d in diags if d.fix and d.fix.applicability.value == "unsafe")
-    if safe and fix_mode is None:
-        console.print(f"{safe} fixable with `--fix`.", highlight=False)
-    if unsafe and fix_mode != "unsafe":
-        console.print(f"{unsafe} more fixable with `--fix --unsafe-fixes`.", highlight=False)
+    line = fixable_line(diags, fix_mode)
+    if line:
+        console.print(escape(line), highlight=False)
+
+
+def render_applied(console: Console, applied: list[Diagnostic]) -> None:
+    """``--fix --show-fixes``: per file, how many fixes of each rule were applied."""
+    console.print(f"Fixed {len(applied)} diagnostic{'s' * (len(applied) != 1)}:", highlight=False)
+    by_path: dict[str, Counter] = {}
+    names: dict[str, str] = {}
+    for d in applied:
+        by_path.setdefault(d.path, Counter())[d.code] += 1
+        names[d.code] = d.name
+    for path, counts in sorted(by_path.items()):
+        console.print(f"  {escape(path)}:", highlight=False, soft_wrap=True)
+        for code, k in sorted(counts.items()):
+            console.print(f"    {k} × {code} ({names[code]})", highlight=False)
+    console.print()
+
+
+def statistics_rows(diags: list[Diagnostic]) -> list[dict]:
+    """One row per rule: count, and how many have a safe or an unsafe fix; most frequent first."""
+    rows: dict[str, dict] = {}
+    for d in diags:
+        row = rows.setdefault(d.code, {"code": d.code, "name": d.name, "count": 0, "fixable": 0, "unsafe_fixable": 0})
+        row["count"] += 1
+        if d.fix is not None:
+            row["fixable" if d.fix.applicability.value == "safe" else "unsafe_fixable"] += 1
+    return sorted(rows.values(), key=lambda r: (-r["count"], r["code"]))
 
 
 def render_statistics(console: Console, diags: list[Diagnostic]) -> None:
-    counts = Counter((d.code, d.name) for d in diags)
-    fixable = {d.code for d in diags if d.fix}
-    table = Table(box=None, show_header=False, pad_edge=False)
-    for (code, name), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        table.add_row(str(n), code, name, "[*]" if code in fixable else "")
+    rows = statistics_rows(diags)
+    if not rows:
+        return
+    table = Table(box=None, show_header=True, pad_edge=False, header_style="bold")
+    for col, justify in (("count", "right"), ("code", "left"), ("fix", "left"), ("name", "left")):
+        table.add_column(col, justify=justify, no_wrap=True)
+    marks = set()
+    for r in rows:
+        mark = "[*]" if r["fixable"] else ("[-]" if r["unsafe_fixable"] else "")
+        if mark:
+            marks.add(mark)
+        table.add_row(str(r["count"]), r["code"], escape(mark), r["name"])
     console.print(table)
+    legend = []
+    if "[*]" in marks:
+        legend.append("[*] fixable with `--fix`")
+    if "[-]" in marks:
+        legend.append("[-] fixable with `--fix --unsafe-fixes` only")
+    if legend:
+        console.print(escape("; ".join(legend) + "."), highlight=False)
+    console.print()
 
 
 def render_rules(console: Console, infos: list[RuleInfo], enabled: set[str] | None = None) -> None:

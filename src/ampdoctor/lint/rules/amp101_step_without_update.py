@@ -5,7 +5,7 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.rule import FixSpec
 from ampdoctor.lint.semantic.facts import facts_of
-from ampdoctor.lint.semantic.scaler import Event, ScalerFlow, exclusive
+from ampdoctor.lint.semantic.scaler import Event, ScalerFlow, exclusive, reaches
 
 
 class StepWithoutUpdate(ScalerFlow):
@@ -20,6 +20,7 @@ class StepWithoutUpdate(ScalerFlow):
                      "\"step() has already been called since the last update()\". Call `{s}.update()` "
                      "after each round of optimizer steps.")
     fix_title = "Insert `{s}.update()` after the step"
+    move_title = "Move `{s}.update()` to right after the step"
     fix_availability = "unsafe"
     words = (b"scaler", b"Scaler")
     summary = "`GradScaler.step()` without `GradScaler.update()` in the same iteration."
@@ -50,7 +51,11 @@ class StepWithoutUpdate(ScalerFlow):
                 continue  # the update lives in another function (a split step/update protocol)
             elif not self._built_here():
                 continue  # the scaler comes from another file, and so does its protocol's update
-            self._flag(e, self.message.format(s=e.scaler))
+            # an update later in the function, outside this round (once per epoch): with one more
+            # update after the step it would run with no step before it and raise, so the fix moves it
+            stale = [o for o in protocol if o.kind == "update" and o.scaler == e.scaler and o not in same
+                     and o.order > e.order and reaches(e, o)]
+            self._flag(e, self.message.format(s=e.scaler), stale)
 
     def _built_here(self) -> bool:
         """The file constructs an enabled GradScaler (else a step outside any loop belongs to a
@@ -59,11 +64,27 @@ class StepWithoutUpdate(ScalerFlow):
             self._built = any(f.kind == "scaler" for f in facts_of(self.ctx).evidence.facts)
         return self._built
 
-    def _flag(self, e: Event, message: str) -> None:
+    def _flag(self, e: Event, message: str, stale: list[Event] = ()) -> None:
         fix = None
         if e.statement is not None and len(e.statement[0].body) == 1:  # `a; b` lines would never converge
             line, _block = e.statement
             update = cst.parse_statement(f"{e.scaler}.update()\n")
-            fix = FixSpec(((line, cst.FlattenSentinel([line, update])),), safe=False,
-                          title=self.fix_title.format(s=e.scaler))
+            changes = [(line, cst.FlattenSentinel([line, update]))]
+            title = self.fix_title.format(s=e.scaler)
+            if stale:
+                old = stale[0]
+                movable = (len(stale) == 1 and old.statement is not None and not old.conds
+                           and len(old.statement[0].body) == 1 and _siblings(old.statement[1]) > 1)
+                if not movable:  # a conditional or shared update: no mechanical fix keeps it valid
+                    self.report(e.node, message, None)
+                    return
+                changes.append((old.statement[0], cst.RemovalSentinel.REMOVE))
+                title = self.move_title.format(s=e.scaler)
+            fix = FixSpec(tuple(changes), safe=False, title=title)
         self.report(e.node, message, fix)
+
+
+def _siblings(block) -> int:
+    """How many statements the block holds (removing the only one would leave it empty)."""
+    body = getattr(block, "body", ())
+    return len(body) if isinstance(body, (list, tuple)) else 1

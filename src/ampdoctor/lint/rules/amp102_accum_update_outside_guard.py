@@ -11,11 +11,11 @@ class AccumUpdateOutsideGuard(ScalerFlow):
     code = "AMP102"
     name = "accum-update-outside-guard"
     severity = Severity.ERROR
-    message = ("`{s}.update()` runs on every micro-batch but `{s}.step()` only when `{g}`: on the "
-               "micro-batches without a step it raises \"No inf checks were recorded prior to update\". "
+    message = ("`{s}.update()` runs on every micro-batch but `{s}.step()` does not: the step runs only "
+               "when `{g}`, and on the micro-batches without a step it raises \"No inf checks were recorded prior to update\". "
                "Call it under the same condition, right after the step.")
-    unscale_message = ("`{s}.unscale_({o})` runs on every micro-batch but `{s}.step()` only when `{g}`: "
-                       "it raises \"unscale_() has already been called\" on the next micro-batch, or mixes "
+    unscale_message = ("`{s}.unscale_({o})` runs on every micro-batch but `{s}.step()` does not: the step "
+                       "runs only when `{g}`, so the unscale raises \"unscale_() has already been called\" on the next micro-batch, or mixes "
                        "unscaled and scaled gradients. Call it under the same condition, just before the step.")
     fix_title = "Move the call under the accumulation guard of `step()`"
     fix_availability = "suggestion"

@@ -14,11 +14,11 @@ class ClipWithoutUnscale(ScalerFlow):
     code = "AMP104"
     name = "clip-without-unscale"
     severity = Severity.ERROR
-    message = ("`{f}` runs on gradients still multiplied by the loss scale (no `{s}.unscale_({o})` "
-               "before it), so the threshold is effectively divided by the scale. Call `{s}.unscale_({o})` "
+    message = ("`{f}` runs on gradients still multiplied by the loss scale: there is no `{s}.unscale_({o})` "
+               "before it, so the threshold is effectively divided by the scale. Call `{s}.unscale_({o})` "
                "before clipping.")
-    read_message = ("`{f}` reads gradients still multiplied by the loss scale (no `{s}.unscale_({o})` "
-                    "before it). Call `{s}.unscale_({o})` first.")
+    read_message = ("`{f}` reads gradients still multiplied by the loss scale: there is no `{s}.unscale_({o})` "
+                    "before it. Call `{s}.unscale_({o})` first.")
     fix_title = "Insert `{s}.unscale_({o})` before the statement"
     fix_availability = "unsafe"
     words = (b"caler.step(", b"GradScaler")

@@ -14,8 +14,8 @@ class PlainBackwardWithScaler(ScalerFlow):
     code = "AMP105"
     name = "plain-backward-with-scaler"
     severity = Severity.ERROR
-    message = ("`{r}.backward()` is not scaled, yet `{s}.step({o})` divides these gradients by the loss "
-               "scale (or fails when no scale was set yet). Use `{s}.scale({l}).backward()`.")
+    message = ("`{r}.backward()` is not scaled, yet `{s}.step({o})` unscales its gradients: it divides them by "
+               "the loss scale (or fails when no scale was set yet). Use `{s}.scale({l}).backward()`.")
     fix_title = "Scale the loss: `{s}.scale({l}).backward()`"
     fix_availability = "unsafe"
     words = (b"caler.step(", b"GradScaler")

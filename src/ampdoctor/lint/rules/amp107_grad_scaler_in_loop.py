@@ -19,7 +19,7 @@ class GradScalerInLoop(Rule):
     code = "AMP107"
     name = "grad-scaler-in-loop"
     severity = Severity.WARNING
-    message = ("`{c}(...)` is created anew on every iteration of this {kind} loop, so the loss scale "
+    message = ("`{c}(...)` is created anew on every iteration of this {kind} loop: the loss scale "
                "restarts at its initial value each time and never settles. Create the scaler once, "
                "before the loop.")
     fix_title = "Hoist the GradScaler out of the loop"

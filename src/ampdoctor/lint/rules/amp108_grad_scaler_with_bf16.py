@@ -32,11 +32,11 @@ class GradScalerWithBf16(Rule):
     message = ("This GradScaler is enabled for bfloat16 too (`enabled={e}`): bf16 has fp32's exponent "
                "range and needs no loss scaling, so it only adds an unscale and an inf check to every "
                "step and can skip steps. Enable it for float16 only.")
-    all_bf16_message = ("Every autocast region in this file runs in bfloat16, which needs no loss scaling, "
-                        "yet this GradScaler is always enabled: it adds an unscale and an inf check to every "
-                        "step and can skip steps. Drop it, or create it with `enabled=False` for bf16.")
-    param_message = ("This GradScaler is always enabled, although this code accepts a bfloat16 precision "
-                     "(`{p}`): for bf16 it adds an unscale and an inf check to every step and can skip steps. "
+    all_bf16_message = ("This GradScaler is always enabled, yet every autocast region in this file runs in "
+                        "bfloat16: bf16 needs no loss scaling, and the scaler adds an unscale and an inf check "
+                        "to every step and can skip steps. Drop it, or create it with `enabled=False` for bf16.")
+    param_message = ("This GradScaler is always enabled, although this code accepts bfloat16 (`{p}`): "
+                     "for bf16 it adds an unscale and an inf check to every step and can skip steps. "
                      "Create it with `enabled=` true for float16 only.")
     fix_title = "Enable the GradScaler for float16 only"
     fix_availability = "safe"

@@ -25,8 +25,8 @@ class Fp16AutocastNoScaler(Rule):
     code = "AMP109"
     name = "fp16-autocast-no-scaler"
     severity = Severity.ERROR
-    message = ("This autocast computes in float16 on CUDA and its result reaches a backward pass and an optimizer "
-               "step, but nothing in the file scales the loss: fp16 gradients below about 3e-8 become zero and "
+    message = ("This float16 autocast feeds a backward pass and an optimizer step, but nothing scales the loss: "
+               "it computes in float16 on CUDA, and fp16 gradients below about 3e-8 become zero and "
                "training silently stalls. Use a `torch.amp.GradScaler`, or autocast to bfloat16.")
     fix_availability = None
     words = (b"autocast",)

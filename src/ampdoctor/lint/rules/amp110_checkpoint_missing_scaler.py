@@ -68,8 +68,8 @@ class CheckpointMissingScaler(Rule):
     message = ("This checkpoint stores the optimizer state but not the GradScaler's: a resumed run "
                "restarts the loss scale at its initial value and skips steps until it backs off again. "
                "Add `\"scaler\": {s}.state_dict()` and restore it with `{s}.load_state_dict(...)`.")
-    conditional_message = ("This checkpoint stores the optimizer state but not the GradScaler's, which is "
-                           "enabled when `{cond}`: a run resumed in that mode restarts the loss scale at its "
+    conditional_message = ("This checkpoint stores the optimizer state but not the GradScaler's: the scaler "
+                           "is enabled when `{cond}`, and a run resumed in that mode restarts the loss scale at its "
                            "initial value and skips steps until it backs off again. Add `\"scaler\": "
                            "{s}.state_dict()` and restore it with `{s}.load_state_dict(...)`.")
     fix_availability = "suggestion"

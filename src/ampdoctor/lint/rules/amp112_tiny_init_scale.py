@@ -23,8 +23,8 @@ class TinyInitScale(Rule):
     code = "AMP112"
     name = "tiny-init-scale"
     severity = Severity.WARNING
-    message = ("`init_scale={init}` with growth every {interval} steps by {growth}x needs {doublings} growths = "
-               "{steps:,} clean steps to reach the default scale of 65536; until then float16 gradients below "
+    message = ("`init_scale={init}` takes {steps:,} clean steps to reach the default loss scale: growing "
+               "{growth}x every {interval} steps, it needs {doublings} growths to reach 65536, and until then float16 gradients below "
                "about {floor} (not {default_floor}) underflow to 0. Start at the default (2**16) and let the scaler back off, or use "
                "a short `growth_interval`.")
     fix_availability = "suggestion"

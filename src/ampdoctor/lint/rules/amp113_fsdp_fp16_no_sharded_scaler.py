@@ -18,7 +18,8 @@ class FsdpFp16NoShardedScaler(Rule):
     code = "AMP113"
     name = "fsdp-fp16-no-sharded-scaler"
     severity = Severity.ERROR
-    message = ("FSDP computes in float16 here (`{policy}`) but this code builds no `ShardedGradScaler`: {why} Use "
+    message = ("FSDP computes in float16 here but this code builds no `ShardedGradScaler`: the policy is "
+               "`{policy}`. {why} Use "
                "`torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler`, or `param_dtype=torch.bfloat16`.")
     fix_availability = "suggestion"
     words = (b"MixedPrecision",)

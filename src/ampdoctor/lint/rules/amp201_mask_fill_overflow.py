@@ -172,7 +172,7 @@ class MaskFillOverflow(Rule):
             call_text = _CODE.code_for_node(c.call.func)
             value_text = f"`{_CODE.code_for_node(c.value).strip()}`"
             if h.number_value(c.value) is None:
-                value_text += f" (= {v:g})"
+                value_text += f" (= {v:.3g})"
             msg = self.message.format(call=f"{call_text}(...)", value=value_text,
                                       recv=recv or "x", lim=lim)
             self.report(c.call, msg, self._fix(c, recv, lim))

@@ -11,8 +11,8 @@ class NegInfPaddingMask(NegInfFill):
     name = "neg-inf-padding-mask"
     severity = Severity.WARNING
     reports = "causal"
-    message = ("`{call}` fills a padding mask with -inf before a softmax, and these scores also get a causal "
-               "mask: a left-padded query row can see only padded keys, so every entry of its row is -inf and "
+    message = ("`{call}` fills a padding mask with -inf before a causal softmax: these scores "
+               "also get a causal mask, so a left-padded query row can see only padded keys, so every entry of its row is -inf and "
                "the softmax gives NaN (in float32 too), which then spreads through the batch. Fill with "
                "`torch.finfo({recv}.dtype).min`, or use `F.scaled_dot_product_attention`.")
     fix_availability = "suggestion"

@@ -51,7 +51,7 @@ class EpsUnderflow(Rule):
     code = "AMP204"
     name = "eps-underflow"
     severity = Severity.WARNING
-    message = ("{eps_text} is 0 in float16, so it does not guard `{what}` against {when}: {op}. Compute the "
+    message = ("{eps_text} is 0 in float16, so it guards nothing against {when}: in `{what}` {op}. Compute the "
                "statistic in float32 (`x.float()`, cast the result back) or use eps >= 1e-6.")
     fix_title = "Compute the norm in float32, or raise eps to 1e-6"
     fix_availability = "suggestion"

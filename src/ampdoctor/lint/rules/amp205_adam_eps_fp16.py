@@ -17,8 +17,8 @@ class AdamEpsFp16(nu.Fp16ModelRule):
     code = "AMP205"
     name = "adam-eps-fp16"
     severity = Severity.ERROR
-    message = ("`{opt}` uses eps={eps}{default}, which is 0 in float16, and {why}: the denominator "
-               "`sqrt(v) + eps` is 0 wherever a gradient is zero or tiny, so those weights become inf/NaN. "
+    message = ("`{opt}` uses eps={eps}{default}, which is 0 in float16, on float16 parameters: {why}, "
+               "so the denominator `sqrt(v) + eps` is 0 wherever a gradient is zero or tiny, so those weights become inf/NaN. "
                "Train float32 parameters under autocast, or at least pass `eps={safe}`.")
     fix_title = "Set `eps={safe}`"
     fix_availability = "unsafe"

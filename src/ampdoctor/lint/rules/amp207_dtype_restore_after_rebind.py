@@ -38,8 +38,8 @@ class DtypeRestoreAfterRebind(Rule):
     code = "AMP207"
     name = "dtype-restore-after-rebind"
     severity = Severity.WARNING
-    message = ("`{x}` was rebound to {how}, so `{restore}` casts to float32, not back to the "
-               "input's dtype: float16/bfloat16 inputs come out as float32. Save `{x}.dtype` before the upcast "
+    message = ("`{restore}` casts to float32, not back to the input's dtype: `{x}` was rebound to {how}, "
+               "so float16/bfloat16 inputs come out as float32. Save `{x}.dtype` before the upcast "
                "and cast back to that.")
     fix_title = "Save `{v} = {x}.dtype` before the upcast and cast back to `{v}`"
     fix_availability = "safe"

@@ -13,7 +13,7 @@ class Fp16ParamsInOptimizer(nu.Fp16ModelRule):
     code = "AMP210"
     name = "fp16-params-in-optimizer"
     severity = Severity.ERROR
-    message = ("`{conv}` makes the parameters that `{opt}` trains float16, with no float32 master copy: "
+    message = ("`{opt}` trains float16 parameters with no float32 master copy: `{conv}` made them float16, so "
                "updates smaller than 1/2048 of a weight round away{scaler}. Keep the model in float32 and "
                "run the forward pass under `torch.autocast` (with a GradScaler for float16).")
     words = (b".half", b"float16", b"from_pretrained")

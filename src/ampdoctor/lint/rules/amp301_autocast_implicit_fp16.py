@@ -40,8 +40,8 @@ class AutocastImplicitFp16(Rule):
     code = "AMP301"
     name = "autocast-implicit-fp16"
     severity = Severity.ERROR
-    message = ("This CUDA autocast has no `dtype`, so it computes in float16 although the file configures "
-               "bfloat16 ({cfg}) and that setting never reaches it. Pass the configured dtype: "
+    message = ("This CUDA autocast has no `dtype`, so it computes in float16 although the file uses bfloat16: "
+               "the file configures bfloat16 ({cfg}) and that setting never reaches it. Pass the configured dtype: "
                "`dtype=torch.bfloat16` or the dtype variable.")
     fix_availability = "suggestion"
     words = (b"bfloat16", b"bf16")

@@ -23,7 +23,7 @@ class BackwardInsideAutocast(Rule):
     code = "AMP302"
     name = "backward-inside-autocast"
     severity = Severity.WARNING
-    message = ("`{call}` runs inside an autocast-enabled region, so autocast also recasts the ops of the "
+    message = ("`{call}` runs inside an autocast-enabled region: autocast also recasts the ops of the "
                "backward pass, which should run in the dtypes the forward pass chose. Leave the `with` block "
                "before the backward pass.")
     fix_title = "Move the backward pass out of the autocast block"

@@ -17,8 +17,8 @@ class BceUnderAutocast(Rule):
     code = "AMP304"
     name = "bce-under-autocast"
     severity = Severity.ERROR
-    message = ("`{call}` inside a CUDA autocast region raises RuntimeError{when}: binary_cross_entropy "
-               "is banned under CUDA autocast because float16 probabilities are unsafe. Compute it on "
+    message = ("`{call}` inside a CUDA autocast region raises RuntimeError{when}: CUDA autocast bans "
+               "binary_cross_entropy because float16 probabilities are unsafe.{via} Compute it on "
                "logits with `F.binary_cross_entropy_with_logits` or `nn.BCEWithLogitsLoss` (dropping the "
                "sigmoid), or call it outside the autocast region on `.float()` inputs.")
     fix_availability = "suggestion"
@@ -65,6 +65,7 @@ class BceUnderAutocast(Rule):
         if region is None or region.ac.device not in ("cuda", None):
             return
         when = "" if region.ac.device == "cuda" else " when it runs on CUDA"
+        via = ""
         if region.via is not None:  # the enclosing function is only called inside autocast
-            when += f" (this function runs in the autocast region around `{source.short(region.via, 40)}`)"
-        self.report(node, self.message.format(call=source.short(func, 45) + "(...)", when=when))
+            via = f" This function runs in the autocast region around `{source.short(region.via, 40)}`."
+        self.report(node, self.message.format(call=source.short(func, 45) + "(...)", when=when, via=via))

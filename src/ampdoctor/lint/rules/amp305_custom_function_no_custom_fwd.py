@@ -26,8 +26,8 @@ class CustomFunctionNoCustomFwd(Rule):
     code = "AMP305"
     name = "custom-function-no-custom-fwd"
     severity = Severity.WARNING
-    message = ("`{cls}.forward` runs `{op}`, which autocast lowers to float16, but has no "
-               "`@torch.amp.custom_fwd`: `backward` then runs outside autocast on mismatched dtypes. "
+    message = ("`{cls}.forward` has no `@torch.amp.custom_fwd`: it runs `{op}`, which autocast lowers to "
+               "float16, and `backward` then runs outside autocast on mismatched dtypes. "
                "Decorate `forward` with `@torch.amp.custom_fwd(device_type=\"cuda\")` (add "
                "`cast_inputs=torch.float32` to run it in float32) and `backward` with "
                "`@torch.amp.custom_bwd(device_type=\"cuda\")`.")

@@ -42,11 +42,11 @@ _RAISES = ("`{call}` raises RuntimeError: {arg} is not a device type. Use `devic
 _INDEXED = ("`device_type={arg}` is a device, not a device type: torch releases before the generic "
             "autocast API raise RuntimeError on it, and current ones skip the CUDA checks of autocast. "
             "Use `device_type=\"{fix}\"`.")
-_STR_DEVICE = ("`device_type={arg}` gives a string like \"cuda:0\" for an indexed device, which is not a "
-               "device type (older torch raises, current torch skips the CUDA checks of autocast). "
+_STR_DEVICE = ("`device_type={arg}` is \"cuda:0\" for an indexed device, which is not a device type: "
+               "older torch raises, and current torch skips the CUDA checks of autocast. "
                "Use `device_type={dev}.type`.")
-_TORCH_DEVICE_MSG = ("`{call}` receives a `torch.device`, and `torch.autocast` raises ValueError "
-                     "(\"Expected `device_type` of type `str`\"). Use `device_type={fix}`.")
+_TORCH_DEVICE_MSG = ("`{call}` passes a `torch.device` where `torch.autocast` needs a string: it raises "
+                     "ValueError (\"Expected `device_type` of type `str`\"). Use `device_type={fix}`.")
 _MISMATCH = ("This autocast uses device_type \"{ac}\" but this function puts its tensors on \"{dev}\": "
              "autocast only changes ops on its own device type, so the region runs in float32. "
              "Use `device_type=\"{dev}\"`, or `device.type` of the device the tensors live on.")

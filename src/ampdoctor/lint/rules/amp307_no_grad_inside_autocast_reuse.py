@@ -37,8 +37,7 @@ class NoGradInsideAutocastReuse(Rule):
     code = "AMP307"
     name = "no-grad-inside-autocast-reuse"
     severity = Severity.ERROR
-    message = ("`{m}` runs under `torch.no_grad()` and then again with gradients in the same autocast "
-               "region: the autocast weight cache gives the second pass the low-precision weights cast "
+    message = ("`{m}` runs under `no_grad()`, then with gradients, in one autocast region: the autocast weight cache gives the second pass the low-precision weights cast "
                "without autograd history, so those weights get no gradient (pytorch#105211, fixed in torch "
                "2.11). Leave the autocast region before the `no_grad()` block, or pass "
                "`cache_enabled=False` to autocast.")

@@ -36,8 +36,8 @@ class AutocastDisabledNoCast(Rule):
     code = "AMP308"
     name = "autocast-disabled-no-cast"
     severity = Severity.WARNING
-    message = ("`{name}` comes from `{src}` under autocast (so it is {dtype}) and reaches `{op}` inside "
-               "`autocast(enabled=False)` without a cast: the op runs in {dtype}, or raises on a dtype "
+    message = ("{dtype} `{name}` reaches `{op}` inside `autocast(enabled=False)` without a cast: it comes "
+               "from `{src}` under autocast, so the op runs in {dtype}, or raises on a dtype "
                "mismatch with float32 weights. Cast it first: `{name}.float()`.")
     fix_availability = "suggestion"
     words = (b"enabled=False", b"enabled = False", b"autocast(False")

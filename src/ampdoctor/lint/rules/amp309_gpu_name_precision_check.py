@@ -34,8 +34,8 @@ class GpuNamePrecisionCheck(Rule):
     code = "AMP309"
     name = "gpu-name-precision-check"
     severity = Severity.WARNING
-    message = ("Choosing the precision by matching the GPU name against {names} goes wrong on every card "
-               "the list leaves out (bf16, for one, also runs on RTX 30xx, A10, L4 and H200) and on every new "
+    message = ("The precision is chosen by matching the GPU name against {names}: this goes wrong on every "
+               "card the list leaves out (bf16, for one, also runs on RTX 30xx, A10, L4 and H200) and on every new "
                "one. Ask the device instead: `torch.cuda.is_bf16_supported()` or "
                "`torch.cuda.get_device_capability() >= (8, 0)`.")
     fix_availability = "suggestion"

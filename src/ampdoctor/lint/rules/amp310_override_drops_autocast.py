@@ -42,8 +42,8 @@ class OverrideDropsAutocast(Rule):
     code = "AMP310"
     name = "override-drops-autocast"
     severity = Severity.WARNING
-    message = ("`{cls}.{m}` overrides `{base}.{m}`, which runs its forward pass under `{ac}`, but the override "
-               "opens no autocast region and still scales the loss with the GradScaler: this subclass trains in "
+    message = ("`{cls}.{m}` drops the autocast of the `{base}.{m}` it overrides: the base runs its forward "
+               "pass under `{ac}`, but the override opens no autocast region and still scales the loss, so this subclass trains in "
                "float32 while paying for loss scaling, and its numerics differ from the base class's. Wrap the "
                "forward pass in the same autocast, or call `super().{m}(...)`.")
     fix_availability = "suggestion"

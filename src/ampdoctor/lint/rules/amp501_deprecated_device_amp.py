@@ -68,11 +68,11 @@ class DeprecatedDeviceAmp(Rule):
     name = "deprecated-device-amp"
     severity = Severity.INFO
     message = ("`{old}` is deprecated since torch 2.4 (it emits a FutureWarning). Use `{new}`{extra}.")
-    alias_message = ("`{old}` is deprecated since torch 2.4 and this name is bound to it, so every call "
+    alias_message = ("This name is bound to `{old}`, deprecated since torch 2.4: every call "
                      "through the name emits a FutureWarning. Bind {new} instead (keyword arguments: the "
                      "positional order differs).")
-    import_message = ("`{old}` imports the device-specific AMP API, deprecated since torch 2.4 (its uses "
-                      "emit a FutureWarning). Use {new} instead.")
+    import_message = ("`{old}` imports the device-specific AMP API, deprecated since torch 2.4: its uses "
+                      "emit a FutureWarning. Use {new} instead.")
     fix_title = "Use `torch.amp` with an explicit device"
     fix_availability = "safe"
     words = (b"cuda.amp", b"cpu.amp", b"import amp")
