@@ -443,3 +443,60 @@ def test_bundled_example_has_findings():
     r = run(["lint", "--no-cache", "--format", "concise", str(FIXTURES / "example")])
     assert r.exit_code == 1
     assert "AMP101" in r.stdout and "AMP401" in r.stdout
+
+
+# -- what the summary and the fix options say ------------------------------------------
+
+SAFE_AND_UNSAFE = WRONG + 'with torch.cuda.amp.autocast():\n    pass\n'
+
+
+def test_text_puts_the_explanation_under_the_snippet(proj):
+    r = run(["lint", "--no-cache", "pkg/wrong.py"])
+    lines = r.stdout.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("pkg/wrong.py:7:5: AMP101"))
+    assert lines[at].endswith("`scaler.step()` has no `scaler.update()` after it in the same iteration")
+    assert "^^^^" in lines[at + 3]
+    assert lines[at + 4].startswith("  The loss scale never adapts")
+    r = run(["lint", "--no-cache", "--format", "concise", "pkg/wrong.py"])
+    assert "The loss scale never adapts" not in r.stdout  # concise: the short message only
+    r, doc = lint_json(["pkg/wrong.py"])
+    assert doc["diagnostics"][0]["explanation"].startswith("The loss scale never adapts")
+
+
+def test_fixable_wording_follows_what_each_mode_would_fix(proj):
+    r = run(["lint", "--no-cache", "pkg/wrong.py"])
+    assert "2 fixable with `--fix --unsafe-fixes` (none with `--fix` alone)." in r.stdout
+    assert "more" not in r.stdout
+    Path("pkg/both.py").write_text(SAFE_AND_UNSAFE)
+    r = run(["lint", "--no-cache", "pkg/both.py"])
+    assert "1 fixable with `--fix`; 2 more with `--fix --unsafe-fixes`." in r.stdout
+
+
+def test_diff_with_only_unsafe_fixes_says_how_to_see_them(proj):
+    r = run(["lint", "--no-cache", "--diff", "pkg/wrong.py"])
+    assert r.exit_code == 0 and r.stdout == ""
+    assert ("No safe fixes to show; 2 unsafe fixes are available: `--diff --unsafe-fixes` shows them."
+            in r.stderr)
+    r = run(["lint", "--no-cache", "--diff", "--unsafe-fixes", "pkg/wrong.py"])
+    assert r.exit_code == 1 and "+    scaler.update()" in r.stdout
+
+
+def test_show_fixes_lists_edits_and_what_was_fixed(proj):
+    r = run(["lint", "--no-cache", "--show-fixes", "pkg/wrong.py"])
+    assert "  + 8:1     scaler.update()\n" in r.stdout  # the insertion, under its diagnostic
+    assert "  - 8:1-9:1 (deleted)\n" in r.stdout
+    r = run(["lint", "--no-cache", "--fix", "--unsafe-fixes", "--show-fixes", "pkg/wrong.py"])
+    assert "Fixed 2 diagnostics:\n  pkg/wrong.py:\n    1 × AMP101 (step-without-update)\n" \
+           "    1 × AMP401 (empty-cache-in-loop)\n" in r.stdout
+    assert "scaler.update()" in Path("pkg/wrong.py").read_text()
+
+
+def test_no_all_checks_passed_after_a_path_error_or_without_files(proj):
+    r = run(["lint", "--no-cache", "pkg/right.py", "missing.py"])
+    assert r.exit_code == 2 and "All checks passed" not in r.stdout
+    assert "missing.py: no such file or directory" in r.stderr
+    assert "some paths could not be checked" in r.stdout
+    Path("empty").mkdir()
+    r = run(["lint", "--no-cache", "empty"])
+    assert r.exit_code == 0 and "All checks passed" not in r.stdout
+    assert "no Python files found under empty" in r.stderr

@@ -179,7 +179,7 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
     for p in problems:
         click.echo(f"ampdoctor: error: {p}", err=True)
     if files == 0 and not problems:
-        where = ", ".join(paths)
+        where = ", ".join(paths) if len(paths) <= 3 else f"the {len(paths)} paths given"
         click.echo(f"ampdoctor: warning: no Python files found under {where}", err=True)
 
     diags = result.diagnostics
