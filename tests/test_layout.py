@@ -59,3 +59,103 @@ def test_lint_text_never_breaks_a_word(fixture_report, width):
     for ln in prose:
         assert len(ln) <= width or len(max(ln.split(), key=len)) > width - 4, (width, ln)
     assert any(ln.startswith("  = help: ") for ln in prose)
+
+
+# -- the trace report -------------------------------------------------------------------------
+
+TRACE_SCENARIOS = sorted((FIXTURES / "trace").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def trace_reports():
+    pytest.importorskip("torch")
+    import json
+
+    from click.testing import CliRunner
+
+    from ampdoctor.cli import main
+
+    reports = {}
+    for script in TRACE_SCENARIOS:
+        r = CliRunner().invoke(main, ["trace", "--format", "json", "--ops", str(script)])
+        reports[script.stem] = json.loads(r.stdout)
+    return reports
+
+
+def _render_trace(report, width: int) -> list[str]:
+    from ampdoctor.report import trace_text
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, no_color=True, force_terminal=False, highlight=False, emoji=False,
+                      soft_wrap=True)
+    trace_text.render(console, report)
+    return buf.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_trace_text_fits_and_keeps_every_number_and_name_whole(trace_reports, width):
+    from ampdoctor.report import trace_text
+
+    for name, report in trace_reports.items():
+        lines = _render_trace(report, width)
+        for ln in lines:
+            assert len(ln) <= width, (name, width, ln)
+        words = [set(ln.split()) for ln in lines]
+        prose = [trace_text.verdict(report)] + [f["message"] for f in report["findings"]]
+        for text in prose:
+            for word in text.split():
+                assert any(word in ws for ws in words), (name, width, word)
+        rows = trace_text.table_rows(report)
+        start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["module", "pass"]
+                     or ln.split()[:2] == ["module", "class"])
+        for r, ln in zip(rows, lines[start + 1:]):
+            cells = ln.split()
+            for value in (trace_text._absmax(r), trace_text._num(r["min_nonzero"]), trace_text._nonfinite(r)):
+                assert value in cells, (name, width, value, ln)  # a number is never split
+            assert trace_text.middle(r["module"], 10**6) == r["module"]
+            assert any(c == r["module"] or "…" in c for c in cells), (name, width, r["module"], ln)
+            assert (ln.startswith(">") == bool(r.get("origin"))), (name, ln)  # the origin is marked
+
+
+def test_trace_table_keeps_backward_rows_with_only_inf(trace_reports):
+    from ampdoctor.report import trace_text
+
+    report = trace_reports["scaler_skips"]
+    rows = trace_text.table_rows(report)
+    assert any(r["phase"] == "backward" and r["nonfinite"]["pinf"] + r["nonfinite"]["ninf"] and not r["nonfinite"]["nan"]
+               for r in rows)
+
+
+def test_trace_output_file_is_what_the_terminal_shows_and_the_terminal_gets_the_verdict(tmp_path):
+    pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    from ampdoctor.cli import main
+
+    script = str(FIXTURES / "trace" / "fp16_linear_overflow.py")
+    out = tmp_path / "r.txt"
+    r = CliRunner().invoke(main, ["trace", "--width", "80", "-o", str(out), script])
+    assert r.stdout.splitlines() == ["NaN/Inf first appeared in `blowup` (forward, step 0).", f"wrote {out}"]
+    shown = CliRunner().invoke(main, ["trace", "--width", "80", script]).stdout
+    assert out.read_text() == shown
+    assert max(len(ln) for ln in shown.splitlines()) <= 80
+    html = tmp_path / "r.html"
+    r = CliRunner().invoke(main, ["trace", "--format", "html", "-o", str(html), script])
+    assert r.stdout.splitlines()[-1] == f"wrote {html}" and html.read_text().startswith("<!doctype html>")
+
+
+def test_long_module_paths_are_shortened_in_the_middle_to_fit():
+    from ampdoctor.report import trace_text
+
+    name = "model.encoder.layers.11.self_attention.query_key_value.lora_A.default"
+    row = {"module": name, "class": "LoRALinearWithAVeryLongClassName", "phase": "backward",
+           "dtype": "float16", "absmax": None, "min_nonzero": 0.000488281, "headroom_bits": None,
+           "nonfinite": {"nan": 3, "pinf": 12, "ninf": 0}, "overflow_fraction": 0.5,
+           "underflow_fraction": 0.0123, "calls": 40, "origin": True}
+    for width in WIDTHS:
+        head, line = trace_text.layer_table([row], width)
+        assert len(line) <= width and len(head) <= width
+        cells = line.split()
+        assert cells[0] == ">" and "0.000488" in cells and "3/12" in cells and "nan" in cells
+        short = cells[1]
+        assert short.startswith("model.") and short.endswith("default") and "…" in short

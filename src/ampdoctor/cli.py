@@ -425,10 +425,13 @@ def rule(code: str) -> None:
               "(slower: syncs, and keeps each call's inputs until the step ends).")
 @click.option("--no-grads", is_flag=True, help="Do not collect gradient statistics.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the report to this file.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the report to this file (the terminal still gets the verdict).")
+@click.option("--width", type=click.IntRange(min=40, max=1000),
+              help="Columns of the text report (default: the terminal's, else COLUMNS, else 100).")
 @click.option("--fail-on", "fail_on", help="Comma-separated finding kinds that make the exit code 1 "
               "(nonfinite, overflow, underflow, scaler, or all).")
-def trace(script, args, target, max_steps, ops, no_grads, fmt, output, fail_on) -> None:
+def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fail_on) -> None:
     """Run SCRIPT with its ARGS under the numerics tracer and report per-layer fp16/bf16 health."""
     kinds = set()
     if fail_on:
@@ -466,10 +469,14 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, fail_on) 
     else:
         from ampdoctor.report import trace_text
         buf = io.StringIO() if output else None
-        trace_text.render(_console(buf if buf is not None else sys.stdout,
-                                   force_plain=buf is not None), report)
+        trace_text.render(_trace_console(buf if buf is not None else sys.stdout, width), report)
         if buf is not None:
             _emit(buf.getvalue(), output)
+    if output:  # the terminal still says what was found, and where the report went
+        from ampdoctor.report import trace_text
+        console = _trace_console(sys.stdout, width, plain=not sys.stdout.isatty())
+        trace_text.render_verdict(console, report)
+        console.print(f"wrote {escape_markup(output)}", highlight=False, soft_wrap=True)
     if result.error:
         click.echo(f"ampdoctor: the script raised:\n{result.error.rstrip()}", err=True)
     if result.exit_code:
@@ -478,6 +485,26 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, fail_on) 
                   or ("nonfinite" in kinds and report["first_nonfinite"] is not None)):
         raise click.exceptions.Exit(EXIT_FINDINGS)
     raise click.exceptions.Exit(EXIT_OK)
+
+
+def _trace_console(file, width: int | None, plain: bool | None = None):
+    """The trace report's console: ``--width``, else the terminal's width, else COLUMNS, else 100;
+    a file gets exactly what a terminal of that width shows, without colour."""
+    from rich.console import Console
+
+    tty = hasattr(file, "isatty") and file.isatty()
+    if width is None and not tty:
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) >= 40 else 100
+    if plain is None:
+        plain = not tty
+    return Console(file=file, width=width, highlight=False, emoji=False, no_color=plain or None,
+                   force_terminal=False if plain else None, soft_wrap=True)
+
+
+def escape_markup(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)
 
 
 def _check_writable(output: str) -> None:

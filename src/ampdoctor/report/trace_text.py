@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -47,49 +49,167 @@ def verdict(report: dict) -> str:
     return f"No numerical problems found in {report['steps']} step(s), judged against {report['target_dtype']}."
 
 
-def render(console: Console, report: dict, limit: int = 10) -> None:
-    bad = bool(report["findings"] or report["first_nonfinite"])
-    style = "bold red" if bad else "bold green"
-    console.print(f"[{style}]{escape(verdict(report))}[/{style}]", highlight=False)
-    console.print(f"target {report['target_dtype']} · dtypes seen: {', '.join(report['dtypes_seen']) or '-'} · "
-                  f"{report['steps']} step(s) · {report['transfers']} host transfer(s)", highlight=False)
-    origin = report.get("op_origin")
-    if origin and origin.get("op"):
-        note = f" ({origin['note']})" if origin.get("note") else ""
-        console.print(f"op-level origin: [bold]{escape(origin['op'])}[/bold] produced {origin['produced']} in "
-                      f"`{escape(origin['module'])}`{escape(note)}", highlight=False)
-    elif origin:
-        console.print(f"op-level replay: {escape(origin.get('note') or 'no origin found')}", highlight=False)
-    if report["findings"]:
-        console.print()
-        for f in report["findings"]:
-            where = f" \\[{escape(f['module'])}]" if f.get("module") else ""
-            console.print(f"[yellow]{f['kind']}[/yellow]{where} {f['phase']} step {f['step']}: {escape(f['message'])}",
-                          highlight=False, soft_wrap=True)
-    rows = [r for r in report["modules"] if r["phase"] == "forward" or r["nonfinite"]["nan"] or r["underflow_fraction"]]
+_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
+def short_dtype(dtype: str) -> str:
+    return ",".join(_DTYPE.get(d, d) for d in dtype.split(",")) if dtype else "-"
+
+
+def middle(name: str, width: int) -> str:
+    """``name`` shortened in the middle to ``width`` characters (the full path is in the JSON)."""
+    if len(name) <= width:
+        return name
+    if width <= 3:
+        return name[:width]
+    keep = width - 1
+    head = keep // 2
+    return name[:head] + "…" + name[len(name) - (keep - head):]
+
+
+def _pct(x: float) -> str:
+    if not x:
+        return "0"
+    v = x * 100
+    return f"{v:.3g}%" if v >= 0.1 else "<0.1%"
+
+
+def _nonfinite(r: dict) -> str:
+    nan, inf = r["nonfinite"]["nan"], r["nonfinite"]["pinf"] + r["nonfinite"]["ninf"]
+    if not nan and not inf:
+        return "0"
+    return f"{nan}/{inf}"
+
+
+def _absmax(r: dict) -> str:
+    if r["absmax"] is not None:
+        return _num(r["absmax"])
+    nf = r["nonfinite"]
+    return "nan" if nf["nan"] else "inf" if nf["pinf"] + nf["ninf"] else "-"
+
+
+def table_rows(report: dict, limit: int = 10) -> list[dict]:
+    """The worst layers: the origin first, then by non-finite count, overflow, underflow, headroom.
+    Forward rows, and backward rows holding any NaN, ±inf or underflow (so a skipped step's
+    inf gradients are never hidden)."""
+    rows = [r for r in report["modules"] if r["phase"] == "forward" or sum(r["nonfinite"].values())
+            or r["underflow_fraction"]]
 
     def risk(r):
         nf = sum(r["nonfinite"].values())
         head = r["headroom_bits"] if r["headroom_bits"] is not None else (-1e9 if nf else 1e9)
         return (-nf, -r["overflow_fraction"], -r["underflow_fraction"], head)
 
-    worst = sorted(rows, key=lambda r: (not r.get("origin"), risk(r)))[:limit]  # the origin first
+    return sorted(rows, key=lambda r: (not r.get("origin"), risk(r)))[:limit]
+
+
+# (header, justify, minimum width at which the column is shown)
+_COLUMNS = (
+    ("", "left", 0),
+    ("module", "left", 0),
+    ("class", "left", 100),
+    ("pass", "left", 0),
+    ("dtype", "left", 0),
+    ("absmax", "right", 0),
+    ("min>0", "right", 0),
+    ("headroom", "right", 100),
+    ("nan/inf", "right", 0),
+    ("ovf", "right", 0),
+    ("unf", "right", 0),
+    ("calls", "right", 120),
+)
+
+
+def _cells(r: dict) -> dict:
+    return {
+        "": ">" if r.get("origin") else "",
+        "module": r["module"],
+        "class": r["class"],
+        "pass": "fwd" if r["phase"] == "forward" else "bwd",
+        "dtype": short_dtype(r["dtype"]),
+        "absmax": _absmax(r),
+        "min>0": _num(r["min_nonzero"]),
+        "headroom": _num(r["headroom_bits"]),
+        "nan/inf": _nonfinite(r),
+        "ovf": _pct(r["overflow_fraction"]),
+        "unf": _pct(r["underflow_fraction"]),
+        "calls": str(r["calls"]),
+    }
+
+
+def layer_table(rows: list[dict], width: int) -> list[str]:
+    """The table as plain lines that fit ``width``: columns by priority, module names shortened in
+    the middle, every number whole."""
+    cols = [c for c in _COLUMNS if width >= c[2]]
+    cells = [_cells(r) for r in rows]
+    widths = {h: max([len(h)] + [len(c[h]) for c in cells]) for h, _, _ in cols}
+    sep = 2
+    if "class" in widths:
+        widths["class"] = min(widths["class"], 16)
+    fixed = sum(widths[h] for h, _, _ in cols if h != "module") + sep * (len(cols) - 1)
+    widths["module"] = max(8, min(widths["module"], width - fixed))
+
+    def line(values: dict) -> str:
+        out = []
+        for h, justify, _ in cols:
+            v = values[h]
+            if h in ("module", "class"):
+                v = middle(v, widths[h])
+            out.append(v.rjust(widths[h]) if justify == "right" else v.ljust(widths[h]))
+        return (" " * sep).join(out).rstrip()
+
+    head = line({h: h for h, _, _ in cols})
+    return [head] + [line(c) for c in cells]
+
+
+def _wrapped(console: Console, text: str, indent: str = "", first: str = "", style: str | None = None) -> None:
+    width = max(20, console.width)
+    lines = textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=indent,
+                          break_long_words=False, break_on_hyphens=False) or [first]
+    for ln in lines:
+        console.print(f"[{style}]{escape(ln)}[/{style}]" if style else escape(ln), highlight=False, soft_wrap=True)
+
+
+def render_verdict(console: Console, report: dict) -> None:
+    bad = bool(report["findings"] or report["first_nonfinite"])
+    _wrapped(console, verdict(report), style="bold red" if bad else "bold green")
+
+
+def render(console: Console, report: dict, limit: int = 10) -> None:
+    render_verdict(console, report)
+    _wrapped(console, f"target {report['target_dtype']} · dtypes seen: {', '.join(report['dtypes_seen']) or '-'} · "
+             f"{report['steps']} step(s) · {report['transfers']} host transfer(s)", indent="  ")
+    origin = report.get("op_origin")
+    if origin and origin.get("op"):
+        note = f" ({origin['note']})" if origin.get("note") else ""
+        _wrapped(console, f"op-level origin: {origin['op']} produced {origin['produced']} in "
+                 f"`{origin['module']}`{note}", indent="  ")
+    elif origin:
+        _wrapped(console, f"op-level replay: {origin.get('note') or 'no origin found'}", indent="  ")
+    if report["findings"]:
+        console.print()
+        for f in report["findings"]:
+            where = [f["kind"]]
+            if f.get("module"):
+                where.append(f["module"])
+            where.append(f"{f['phase']}, step {f['step']}")
+            _wrapped(console, " · ".join(where), indent="    ", first="", style="yellow")
+            _wrapped(console, f["message"], indent="  ", first="  ")
+    worst = table_rows(report, limit)
     if worst:
-        table = Table(title="worst layers", title_justify="left")
-        for col in ("module", "class", "phase", "dtype", "absmax", "min nonzero", "headroom bits",
-                    "non-finite", "overflow", "underflow", "calls"):
-            table.add_column(col, overflow="fold")
-        for r in worst:
-            absmax = _num(r["absmax"]) if r["absmax"] is not None else (
-                "nan" if r["nonfinite"]["nan"] else "inf" if r["nonfinite"]["pinf"] + r["nonfinite"]["ninf"] else "-")
-            table.add_row(escape(r["module"]), escape(r["class"]), r["phase"], r["dtype"], absmax,
-                          _num(r["min_nonzero"]), _num(r["headroom_bits"]), str(sum(r["nonfinite"].values())),
-                          f"{r['overflow_fraction']:.1%}", f"{r['underflow_fraction']:.1%}", str(r["calls"]))
-        console.print(table)
+        console.print()
+        console.print("[bold]worst layers[/bold]" + ("  (> where NaN/Inf first appeared)" if any(
+            r.get("origin") for r in worst) else ""), highlight=False)
+        lines = layer_table(worst, max(40, console.width))
+        console.print(f"[dim]{escape(lines[0])}[/dim]", highlight=False, soft_wrap=True)
+        for ln, r in zip(lines[1:], worst):
+            s = "bold red" if r.get("origin") else ("red" if sum(r["nonfinite"].values()) else None)
+            console.print(f"[{s}]{escape(ln)}[/{s}]" if s else escape(ln), highlight=False, soft_wrap=True)
+        _wrapped(console, "ovf: values beyond the target's largest finite value; unf: nonzero values below its "
+                 "smallest normal; nan/inf: counts; headroom: log2(max / absmax)", indent="  ", style="dim")
     if report.get("not_traced"):
-        console.print(f"not traced (ran inside torch.compile): {escape(', '.join(report['not_traced']))}",
-                      highlight=False)
+        _wrapped(console, f"not traced (ran inside torch.compile): {', '.join(report['not_traced'])}", indent="  ")
     scaler = report.get("scaler")
     if scaler:
-        console.print(f"GradScaler: scale {_num(scaler['initial_scale'])} → {_num(scaler['final_scale'])}, "
-                      f"{scaler['skipped_steps']} of {len(scaler['steps'])} step(s) skipped", highlight=False)
+        _wrapped(console, f"GradScaler: scale {_num(scaler['initial_scale'])} → {_num(scaler['final_scale'])}, "
+                 f"{scaler['skipped_steps']} of {len(scaler['steps'])} step(s) skipped", indent="  ")

@@ -333,8 +333,9 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
                     f", created at {node['line']}" if node.get("line") else "") + (
                     f" (named when its backward failed again, at step {node['seen_at']})."
                     if node.get("seen_at") is not None else ".")
-            elif tracer.ops and node.get("note"):
-                where = f" The replay could not name the autograd node: {node['note']}."
+            elif tracer.ops:
+                note = node.get("note")
+                where = " The replay could not name the autograd node" + (f": {note}." if note else ".")
             else:
                 where = " Run with --ops to name the autograd node."
             cand = node.get("candidate")
