@@ -159,3 +159,52 @@ def test_long_module_paths_are_shortened_in_the_middle_to_fit():
         assert cells[0] == ">" and "0.000488" in cells and "3/12" in cells and "nan" in cells
         short = cells[1]
         assert short.startswith("model.") and short.endswith("default") and "…" in short
+
+
+# -- the HTML report in a real browser -----------------------------------------------------------
+
+ARTIFACTS = ROOT / "build" / "test-artifacts"
+
+
+def _chromium():
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.parametrize("scenario", ["scaler_skips", "fp16_linear_overflow"])
+def test_html_report_renders_in_a_headless_browser(scenario, tmp_path):
+    """The page loads with no console error, shows the origin and the backward rows, and a
+    screenshot is kept under build/test-artifacts/ for a person to look at."""
+    pytest.importorskip("torch")
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium on this machine")
+    import subprocess
+
+    from click.testing import CliRunner
+
+    from ampdoctor.cli import main
+
+    page = tmp_path / f"{scenario}.html"
+    r = CliRunner().invoke(main, ["trace", "--format", "html", "-o", str(page),
+                                  str(FIXTURES / "trace" / f"{scenario}.py")])
+    assert r.exit_code in (0, 1), r.output
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}"]
+    dom = subprocess.run([browser, *flags, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console_errors = [ln for ln in dom.stderr.splitlines() if "CONSOLE" in ln and ("Error" in ln or "Uncaught" in ln)]
+    assert not console_errors, console_errors
+    html = dom.stdout
+    assert "backward (gradients)" in html and 'class="bar' in html
+    assert "<td>backward</td>" in html and "None" not in html.split('id="report-data"')[0]
+    if scenario == "fp16_linear_overflow":
+        assert 'tr class="origin"' in html and 'class="bar origin"' in html  # the origin stands out
+    else:
+        assert "loss scale per step" in html
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"trace-{scenario}.png"
+    subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1400,1600", page.as_uri()],
+                   capture_output=True, text=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000

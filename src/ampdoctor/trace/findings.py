@@ -173,6 +173,9 @@ def module_rows(aggs: dict, target: str) -> list[dict]:
             "first_nonfinite_step": agg.nonfinite_steps[0] if agg.nonfinite_steps else None,
             "origin": bool(agg.origin_steps),
             "elements": elements,
+            # [first step of the bucket, largest |value| (null: NaN/inf seen)], buckets of `series_bucket` steps
+            "absmax_by_step": [[s, None if math.isinf(v) else _num(v)] for s, v in sorted(agg.series.items())],
+            "series_bucket": agg.bucket,
         })
     return rows
 

@@ -10,6 +10,9 @@ from ampdoctor.trace import stats as st
 from ampdoctor.trace.formats import LOW_PRECISION
 
 
+SERIES_POINTS = 256  # points per layer in the report's absmax-over-steps series
+
+
 @dataclass
 class ModuleAgg:
     """Everything seen for one (module, phase) over the run."""
@@ -28,6 +31,10 @@ class ModuleAgg:
     overflow_steps: list[int] = field(default_factory=list)  # low-precision outputs overflowed to inf
     exceed_steps: list[int] = field(default_factory=list)  # outputs past fp16's range from inputs within it
     tensors_fp32: bool = False
+    # the largest |value| per step, in buckets of ``bucket`` steps (at most SERIES_POINTS of them):
+    # first step of the bucket -> absmax (inf when NaN/inf was seen)
+    series: dict[int, float] = field(default_factory=dict)
+    bucket: int = 1
 
     @staticmethod
     def mark(steps: list[int], step: int) -> None:
@@ -38,7 +45,9 @@ class ModuleAgg:
     def classes(self) -> dict[str, dict[str, float]]:
         return st.counts_to_classes(self.counts)
 
-    def add(self, s: st.TensorSummary) -> None:
+    def add(self, s: st.TensorSummary, step: int | None = None) -> None:
+        if step is not None:
+            self.add_point(step, s.absmax if s.finite else math.inf)
         self.dtypes.add(s.dtype)
         if s.dtype not in LOW_PRECISION:
             self.tensors_fp32 = True
@@ -52,7 +61,27 @@ class ModuleAgg:
         self.elements += s.numel
         self.counts = [x + y for x, y in zip(self.counts, s.counts)]
 
+    def add_point(self, step: int, value: float) -> None:
+        b = step - step % self.bucket
+        old = self.series.get(b)
+        if old is None or value > old or value != value:
+            self.series[b] = math.inf if value != value else value
+        if len(self.series) > SERIES_POINTS:
+            self._rebucket(self.bucket * 2)
+
+    def _rebucket(self, bucket: int) -> None:
+        merged: dict[int, float] = {}
+        for s, v in self.series.items():
+            b = s - s % bucket
+            merged[b] = max(merged.get(b, v), v)
+        self.series, self.bucket = merged, bucket
+
     def merge(self, other: "ModuleAgg") -> None:
+        if other.series:
+            if other.bucket > self.bucket:
+                self._rebucket(other.bucket)
+            for s, v in other.series.items():
+                self.add_point(s, v)
         self.dtypes |= other.dtypes
         self.tensors_fp32 |= other.tensors_fp32
         self.calls += other.calls

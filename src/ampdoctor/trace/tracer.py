@@ -710,7 +710,7 @@ class Tracer:
             agg.calls += 1
             outs = [summ[g] for g in c.outs if g in summ]
             for s in outs:
-                agg.add(s)
+                agg.add(s, step)
             in_ok = all(fin.get(g, True) for g in c.ins)
             bad = [s for s in outs if not s.finite]
             if bad:
@@ -806,7 +806,7 @@ class Tracer:
                 if key not in self._bwd_counted:
                     agg.calls += 1
                     self._bwd_counted.add(key)
-                agg.add(s)
+                agg.add(s, step)
                 if not ok:
                     agg.mark(agg.nonfinite_steps, step)
 
