@@ -45,6 +45,26 @@ def _wrap(text: str, width: int, indent: str = "", first: str = "") -> list[str]
                          break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
 
 
+def _window(src: str, start: int, span: int, room: int) -> tuple[str, int, int]:
+    """The part of a source line that fits ``room`` columns, around the flagged span: cut ends
+    are marked with ``…`` so that the terminal never wraps (and breaks) the quoted code."""
+    if len(src) <= room or room < 20:
+        return src, start, min(span, max(1, len(src) - start)) if len(src) > start else span
+    lo = max(0, min(start - 8, len(src) - room))
+    if start - lo > room - 10:
+        lo = start - 8
+    text = src[lo: lo + room]
+    left = lo > 0
+    right = lo + room < len(src)
+    if left:
+        text = "…" + text[1:]
+    if right:
+        text = text[:-1] + "…"
+    col = start - lo
+    span = max(1, min(span, room - col - (1 if right else 0)))
+    return text, col, span
+
+
 def render_diagnostics(console: Console, diags: Iterable[Diagnostic], sources: dict[str, str] | None = None,
                        show_fixes: bool = False) -> None:
     cache: dict[str, list[str] | None] = {k: _split(v) for k, v in (sources or {}).items()}
@@ -65,11 +85,12 @@ def render_diagnostics(console: Console, diags: Iterable[Diagnostic], sources: d
         src = _source_line(cache, d.path, d.line)
         if src is not None:
             gutter = len(str(d.line))
-            src = (src.expandtabs(4) if "\t" not in src[: d.column] else src).translate(_CONTROL)
-            span = (d.end_column - d.column) if d.end_line == d.line else max(1, len(src.rstrip()) - d.column + 1)
+            src = (src.expandtabs(4) if "\t" not in src[: d.column] else src).translate(_CONTROL).rstrip()
+            span = (d.end_column - d.column) if d.end_line == d.line else max(1, len(src) - d.column + 1)
+            src, start, span = _window(src, d.column - 1, max(1, span), width - gutter - 3)
             console.print(f"[blue]{' ' * gutter} |[/blue]", highlight=False)
             console.print(f"[blue]{d.line} |[/blue] {escape(src)}", highlight=False, soft_wrap=True)
-            console.print(f"[blue]{' ' * gutter} |[/blue] {' ' * (d.column - 1)}[{style}]{'^' * max(1, span)}[/{style}]",
+            console.print(f"[blue]{' ' * gutter} |[/blue] {' ' * start}[{style}]{'^' * span}[/{style}]",
                           highlight=False, soft_wrap=True)
         if d.explanation:
             for line in _wrap(d.explanation, width, indent="  ", first="  "):
