@@ -147,3 +147,33 @@ def test_a_package_module_nothing_imports_is_left_out_whole(tmp_path):
     code, out = _lint(root, "--format", "json")
     assert sorted(Path(d["path"]).name for d in json.loads(out)["diagnostics"]) == ["loops.py", "loops_old.py",
                                                                                      "script.py"]
+
+
+def test_example_code_in_a_docs_folder_is_left_out(tmp_path):
+    root = _project(tmp_path, {
+        "docs/profiling/workload.py": "import torch\n" + LOOP.format(name="run") + "run(None, None, [])\n",
+        "src/train.py": "import torch\n" + LOOP.format(name="fit") + "fit(None, None, [])\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    assert [Path(d["path"]).name for d in doc["diagnostics"]] == ["train.py"]
+    assert [(u["code"], u["definition"]) for u in doc["unreferenced"]] == [("AMP101", "docs/ (documentation)")]
+    code, out = _lint(root)
+    assert "in code that nothing outside tests uses or in documentation folders not shown" in out
+
+
+def test_helpers_of_a_test_folder_count_as_tests(tmp_path):
+    from conftest import lint_text
+
+    src = textwrap.dedent('''
+        import torch
+
+        def check_step(model, opt, x):
+            scaler = torch.amp.GradScaler("cuda")
+            with torch.autocast("cuda"):
+                scaler.scale(model(x).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+    ''')
+    assert [d.code for d in lint_text(src, "models/common/optimization.py").diagnostics] == ["AMP302"]
+    assert [d.code for d in lint_text(src, "test/models/common/optimization.py").diagnostics] == []

@@ -342,7 +342,9 @@ def _unreferenced_line(unreferenced) -> str:
     n = len(unreferenced)
     names = sorted({h.where for h in unreferenced})
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return (f"{n} finding{'s' * (n != 1)} in code that nothing outside tests uses not shown ({shown}); "
+    docs = any(h.where.endswith("(documentation)") for h in unreferenced)
+    where = "code that nothing outside tests uses" + (" or in documentation folders" if docs else "")
+    return (f"{n} finding{'s' * (n != 1)} in {where} not shown ({shown}); "
             f"--include-unreferenced shows {'them' if n != 1 else 'it'}.\n")
 
 

@@ -16,7 +16,7 @@ RULES = (
     ('AMP113', 'fsdp-fp16-no-sharded-scaler', 'error', 'suggestion', True, 'FSDP `MixedPrecision(param_dtype=torch.float16)` trained without a `ShardedGradScaler`.'),
     ('AMP201', 'mask-fill-overflow', 'error', 'unsafe', True, '`masked_fill` or an additive `mask * C` mask with a constant such as -1e9 that overflows float16, in a file that uses float16.'),
     ('AMP202', 'neg-inf-padding-mask', 'warning', 'suggestion', True, 'A -inf padding mask before a softmax in causal attention: left-padded rows turn into NaN.'),
-    ('AMP203', 'mask-finfo-min-sum', 'warning', 'suggestion', True, 'Two additive masks built from `torch.finfo(dtype).min` added together: the sum overflows to -inf.'),
+    ('AMP203', 'mask-finfo-min-sum', 'warning', 'suggestion', False, 'Two additive masks built from `torch.finfo(dtype).min` added together: the sum overflows to -inf (opt-in).'),
     ('AMP204', 'eps-underflow', 'warning', 'suggestion', True, "Hand-written norm with an epsilon below float16's smallest value (1e-8, 1e-12) on float16 data."),
     ('AMP205', 'adam-eps-fp16', 'error', 'unsafe', True, "Adam/AdamW/RMSprop/Adagrad eps below float16's smallest value on float16 parameters."),
     ('AMP206', 'var-dtype-kwarg', 'error', 'safe', True, '`var`/`std`/`var_mean`/`std_mean` called with `dtype=`, which raises TypeError.'),

@@ -84,6 +84,20 @@ def project_files(root: Path) -> list[str] | None:
     return out
 
 
+def _docs_folder(path: str) -> str | None:
+    """The ``docs``/``doc`` folder of the project that holds ``path``, if any (its name)."""
+    p = Path(path)
+    root = project_root(p)
+    try:
+        parts = p.relative_to(root).parts if root is not None else p.parts
+    except ValueError:
+        parts = p.parts
+    for part in parts[:-1]:
+        if part.lower() in ("docs", "doc"):
+            return part
+    return None
+
+
 def _is_test_file(path: str) -> bool:
     name = os.path.basename(path)
     parts = set(Path(path).parts)
@@ -480,6 +494,12 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
         proj.index([t.name for t in tops] + [x for x in stems if x.isidentifier()])
         proj.resolve(tops)
     for proj, path, tree, chains in prepared:
+        docs = _docs_folder(path)
+        if docs is not None:  # example code in the documentation, not the product
+            for d, _ in chains:
+                drop.add(id(d))
+                hidden.append(Hidden(d, f"{docs}/ (documentation)"))
+            continue
         if proj.dead_module(path, tree):
             for d, _ in chains:
                 drop.add(id(d))

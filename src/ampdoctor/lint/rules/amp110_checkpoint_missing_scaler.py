@@ -217,8 +217,13 @@ class CheckpointMissingScaler(Rule):
     def leave_Module(self, node: cst.Module) -> None:
         if not self.uses_scaler or 0 in self.saved_defs or not self.resumes:
             return  # no resume path restores the optimizer here: the checkpoints are not resumed from
+        if facts_of(self.ctx).evidence.bf16_autocast_only:
+            return  # every autocast is bfloat16: the scaler's state is worth nothing on resume
         s = self.scaler_names[0] if len(self.scaler_names) == 1 else "scaler"
         seen: set[int] = set()
+        # def -> the optimizers of its reported checkpoints: the checkpoint of another optimizer in
+        # the same def (G and D, one scaler) needs no second report, the same one saved twice does
+        reported: dict[int, set[str]] = {}
         for save in self.saves:
             d = save.call if save.optimizer_given else self._dict_of(save)
             if d is None or id(d) in seen:
@@ -230,6 +235,11 @@ class CheckpointMissingScaler(Rule):
             if save.func_id in self.saved_defs or save.klass is not None and save.klass in self.saved_classes:
                 continue  # the scaler state is saved next to it
             seen.add(id(d))
+            opt = self._optimizer_text(save, d)
+            done = reported.setdefault(save.func_id, set())
+            if done and opt not in done:
+                continue
+            done.add(opt)
             conds = set(self.conditions)
             if len(conds) == 1 and None not in conds:
                 self.report(save.call, self.conditional_message.format(s=s, cond=conds.pop()))
@@ -288,6 +298,18 @@ class CheckpointMissingScaler(Rule):
                 els.append(cst.DictElement(cst.SimpleString(f'"{a.keyword.value}"'), a.value))  # type: ignore[union-attr]
         d = self._synth[id(call)] = cst.Dict(els)
         return d
+
+    def _optimizer_text(self, save: _Save, d) -> str:
+        """The optimizer a checkpoint holds, as written (`self.optimizer_g`), else ""."""
+        if save.optimizer_given:
+            return dotted_name(save.arg) or ""
+        for el in d.elements:
+            if isinstance(el, cst.DictElement) and isinstance(el.value, cst.Call):
+                mc = h.method_call(el.value, "state_dict")
+                key = (h.string_value(el.key) or "").lower()
+                if mc is not None and ("optim" in key or voc.is_optimizer(self.ctx.names, mc[0])):
+                    return dotted_name(mc[0]) or ""
+        return ""
 
     def _has_optimizer(self, d: cst.Dict) -> bool:
         for el in d.elements:

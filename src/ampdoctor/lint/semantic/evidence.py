@@ -65,7 +65,15 @@ class Evidence:
         # (call, scope) where a model's weights are cast to (or loaded in) float16, bfloat16 or a
         # configured dtype: inputs cast to that dtype by hand then match the weights
         self.low_precision_models: list[tuple[cst.Call, int]] = []
+        # the dtype each enabled autocast of the file computes in (None: not known statically)
+        self.autocast_dtypes: list[str | None] = []
         self._walk(module)
+
+    @property
+    def bf16_autocast_only(self) -> bool:
+        """The file autocasts, and every region computes in bfloat16: a GradScaler here has
+        nothing to do (bf16 has float32's range)."""
+        return bool(self.autocast_dtypes) and all(d == "bfloat16" for d in self.autocast_dtypes)
 
     def fp16_for(self, stack: list[cst.CSTNode], kinds: tuple[str, ...] | None = None) -> Fact | None:
         """The float16 evidence (of ``kinds``, default all) that applies to the last node of
@@ -157,6 +165,8 @@ class Evidence:
             q = names.qualified(n.func) or ""
             ac = autocast_call(names, n)
             if ac is not None:
+                if ac.enabled is not False:
+                    self.autocast_dtypes.append(ac.effective_dtype)
                 if ac.enabled is not False and (ac.dtype == "float16" or
                                                 (ac.dtype_expr is None and ac.device in ("cuda", None))):
                     self._add(n, STRONG, scope, "autocast")

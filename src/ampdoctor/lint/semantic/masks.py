@@ -99,6 +99,10 @@ class NegInfFill(Rule):
             self._consts = mu.module_constants(self.module, self.ctx.names) if self.module is not None else {}
         return self._consts
 
+    def possible(self) -> bool:
+        """Whether the file shows that the fully masked row this rule describes can occur."""
+        return True
+
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         fills = self.fills.pop(id(node), None)
         if not fills:
@@ -119,7 +123,7 @@ class NegInfFill(Rule):
             if sm is None or not self._padding(f.mask, flow, at) or self._guarded(f, flow, sm):
                 continue
             kind = "causal" if self._causal_too(node, f) else "padding"
-            if kind != self.reports:
+            if kind != self.reports or not self.possible():
                 continue
             recv = dotted_name(f.recv) if f.recv is not None else None
             call = _CODE.code_for_node(f.call).strip()

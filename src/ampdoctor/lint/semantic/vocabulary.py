@@ -76,11 +76,14 @@ def is_bf16_flag(node: cst.CSTNode) -> bool:
 
 def in_test(ctx) -> bool:
     """The current node is test code: inside a ``test*`` function or a ``Test*`` class, or in a
-    ``test_*.py``/``*_test.py`` file. Tests set odd AMP configurations on purpose (a tiny loss
+    ``test_*.py``/``*_test.py`` file or a ``tests``/``test`` folder. Tests set odd AMP configurations on purpose (a tiny loss
     scale, a hand cast inside autocast) to exercise them."""
-    name = ctx.path.replace("\\", "/").rsplit("/", 1)[-1]
+    parts = ctx.path.replace("\\", "/").split("/")
+    name = parts[-1]
     if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
         return True
+    if any(p in ("tests", "test") for p in parts[:-1]):
+        return True  # a helper module of a test suite (`test/models/common/optimization.py`)
     for p in ctx.ancestors():
         if isinstance(p, cst.FunctionDef) and p.name.value.startswith("test"):
             return True
