@@ -37,6 +37,7 @@ RULES = (
     ('AMP308', 'autocast-disabled-no-cast', 'warning', 'suggestion', True, 'Tensors from an autocast region used in a nested `autocast(enabled=False)` without a cast.'),
     ('AMP309', 'gpu-name-precision-check', 'warning', 'suggestion', True, 'Precision (fp16/bf16/AMP) chosen from a hard-coded list of GPU names.'),
     ('AMP310', 'override-drops-autocast', 'warning', 'suggestion', True, "A subclass's training-step override that drops the base class's autocast region."),
+    ('AMP311', 'autocast-and-context', 'error', 'unsafe', True, '`with autocast(...) and other(...):` enters only one of the two, so autocast may never run.'),
     ('AMP401', 'empty-cache-in-loop', 'warning', 'unsafe', True, '`torch.cuda.empty_cache()` inside the per-batch training loop.'),
     ('AMP501', 'deprecated-device-amp', 'info', 'safe', True, 'Deprecated `torch.cuda.amp`/`torch.cpu.amp` autocast, GradScaler and custom_fwd/custom_bwd.'),
     ('AMP502', 'deprecated-autocast-getter', 'info', 'safe', True, 'Deprecated per-device autocast state functions such as `torch.get_autocast_gpu_dtype()`.'),

@@ -9,8 +9,21 @@ from ampdoctor.lint.semantic import config as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic.facts import facts_of
 
 _SCALER_METHODS = ("scale", "step", "unscale_", "update")
+
+
+def _parents_of(root: cst.CSTNode, target: cst.CSTNode):
+    """The (parent, child) pair directly above ``target`` under ``root``."""
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        for c in _tree.children(n):
+            if c is target:
+                yield n, c
+                return
+            stack.append(c)
 
 
 class GradScalerInLoop(Rule):
@@ -27,18 +40,78 @@ class GradScalerInLoop(Rule):
     words = (b"GradScaler",)
     summary = "A `GradScaler` is created inside the training or epoch loop instead of once before it."
 
+    per_call_message = ("`{c}(...)` is created anew on every call of `{f}`: `{caller}` calls it in a loop, so the "
+                        "scaler lives for one step and the loss scale restarts at its initial value each time, never "
+                        "settling. Create the scaler once (in `__init__` or before the loop) and reuse it.")
+
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
         if not u.is_grad_scaler_ctor(names, node):
             return
         loop = h.enclosing_loop(self.ctx)
         if loop is None:
+            self._per_call(node)
             return
         kind = self._kind(loop)
         if kind is None:
             return
         callee = u.code(node.func)
         self.report(node, self.message.format(c=callee, kind=kind), self._fix(node, loop))
+
+    def _per_call(self, node: cst.Call) -> None:
+        """`scaler = GradScaler()` local to a step function that steps it once and is called in a
+        loop: a new scaler (scale 65536, no growth history) on every step."""
+        stack = self.ctx.parents
+        assign = stack[-2] if len(stack) >= 2 else None
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+                and isinstance(assign.targets[0].target, cst.Name)):
+            return
+        fn = next((p for p in self.ctx.ancestors() if isinstance(p, h.SCOPES)), None)
+        if not isinstance(fn, cst.FunctionDef):
+            return
+        name = assign.targets[0].target.value
+        for n in h.walk(fn.body):
+            if isinstance(n, h.LOOPS) and any(isinstance(m, cst.Name) and m.value == name for m in h.walk(n.body)):
+                return  # used in a loop of its own function: one scaler for many steps
+        stepped = False
+        for n in h.walk(fn.body):
+            if isinstance(n, cst.Name) and n.value == name and n is not assign.targets[0].target:
+                use = self._use_of(fn, n)
+                if use is None:
+                    return  # the scaler escapes (returned, stored, passed on): it may live on
+                if use == "step":
+                    stepped = True
+        if not stepped:
+            return
+        graph = facts_of(self.ctx).calls
+        info = graph.function(fn)
+        if info is None:
+            return
+        for site in info.sites:
+            caller = site.caller
+            if caller is not None and caller.node is not fn and self._in_loop(caller.node, site.call):
+                self.report(node, self.per_call_message.format(c=u.code(node.func), f=info.qualname,
+                                                               caller=caller.qualname))
+                return
+
+    @staticmethod
+    def _use_of(fn: cst.FunctionDef, name: cst.Name) -> str | None:
+        """"step" or "other" for `s.step(...)` / `s.scale(...)`-like uses; None when it escapes."""
+        for parent, child in _parents_of(fn, name):
+            if isinstance(parent, cst.Attribute) and parent.value is child:
+                attr = parent.attr.value
+                if attr in _SCALER_METHODS or attr in ("state_dict", "get_scale", "is_enabled"):
+                    return "step" if attr == "step" else "other"
+                return None
+            return None
+        return None
+
+    @staticmethod
+    def _in_loop(root: cst.CSTNode, call: cst.Call) -> bool:
+        for n in h.walk(root):
+            if isinstance(n, h.LOOPS) and any(m is call for m in h.walk(n.body)):
+                return True
+        return False
 
     def _kind(self, loop: cst.CSTNode) -> str | None:
         """"epoch" or "training" when the loop is one, else None (a loop over configurations,
