@@ -27,8 +27,10 @@ class GradPenaltyUnscaled(Rule):
 
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
-        self.calls: dict[int, list[cst.Call]] = {}  # id(function) -> candidate grad calls
-        self.scalers: dict[int, str] = {}  # id(function) -> the scaler it scales a loss with
+        # id(function) -> candidate grad calls, with the if/else arms around each
+        self.calls: dict[int, list[tuple[cst.Call, tuple]]] = {}
+        # id(function) -> the scalers it scales a loss with, and the arms around each scale()
+        self.scalers: dict[int, list[tuple[str, tuple]]] = {}
 
     def _function(self) -> cst.FunctionDef | None:
         return next((p for p in self.ctx.ancestors() if isinstance(p, cst.FunctionDef)), None)
@@ -39,7 +41,7 @@ class GradPenaltyUnscaled(Rule):
         if scaler is not None:
             fn = self._function()
             if fn is not None:
-                self.scalers.setdefault(id(fn), scaler)
+                self.scalers.setdefault(id(fn), []).append((scaler, h.branch_path(self.ctx)))
             return
         if names.qualified(node.func) not in _GRAD:
             return
@@ -48,15 +50,21 @@ class GradPenaltyUnscaled(Rule):
             return
         fn = self._function()
         if fn is not None:
-            self.calls.setdefault(id(fn), []).append(node)
+            self.calls.setdefault(id(fn), []).append((node, h.branch_path(self.ctx)))
 
     def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         calls = self.calls.pop(id(node), None)
-        scaler = self.scalers.get(id(node))
-        if not calls or scaler is None:
+        scales = self.scalers.get(id(node))
+        if not calls or not scales:
             return
         scaled_names = self._scaled_names(node)
-        for call in calls:
+        for call, arms in calls:
+            # the scaler must be in use where the penalty runs: not only in the other arm of
+            # `if scaler: ... else: autograd.grad(...)`
+            live = [s for s, s_arms in scales if not h.exclusive(arms, s_arms)]
+            if not live:
+                continue
+            scaler = live[0]
             out = h.arg(call, 0, "outputs")
             if out is None or self._scaled(out, scaled_names):
                 continue
