@@ -180,6 +180,18 @@ class Event:
         return node_id in self.anc
 
 
+def _given_parameters(call: cst.Call) -> bool:
+    """One of the arguments is `X.parameters()` (or `named_parameters()`), or a `*params*` name."""
+    for a in call.args:
+        v = a.value
+        if isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and \
+                v.func.attr.value in ("parameters", "named_parameters"):
+            return True
+        if "param" in (dotted_name(v) or "").rsplit(".", 1)[-1].lower():
+            return True
+    return False
+
+
 def exclusive(a: Event, b: Event) -> bool:
     """The two events can never run in the same pass (if/else, or correlated ``if``s)."""
     if h.exclusive(a.branches, b.branches):
@@ -493,6 +505,12 @@ class ScalerFlow(Rule):
                                      and "accelerator" not in d):
                     what = f"{short(code_of(recv), 30)}.clip_grad_norm_()"
                     read = False
+            elif meth.startswith("clip_grad") and _given_parameters(node) and \
+                    not any(w in (dotted_name(recv) or "").lower() for w in ("accelerator", "fabric", "trainer")):
+                # a clipper object or helper given the parameters (`self.clip_grad_norm(model.parameters())`);
+                # accelerate/Lightning clip methods unscale first
+                what = f"{short(code_of(node.func), 30)}()"
+                read = False
             elif meth in MAGNITUDE_METHODS and _is_grad(recv):
                 what = f"{short(code_of(recv), 30)}.{meth}()"
         if what is None:
