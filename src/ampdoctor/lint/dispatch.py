@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from functools import lru_cache
 
 import libcst as cst
@@ -28,14 +30,38 @@ def _word_table(enabled: frozenset[str]) -> tuple[tuple[bytes, ...], tuple[tuple
     return words, tuple((r, frozenset(r.words), frozenset(r.also)) for r in rules)
 
 
-def active_rules(enabled: frozenset[str], data: bytes) -> list[type[Rule]]:
+def active_rules(enabled: frozenset[str], data: bytes, path: str = "") -> list[type[Rule]]:
     """The enabled rules whose words occur in the file: only those are run on it. Each word is
     looked for once with ``bytes.__contains__`` (a fast substring search), several times
     faster than one regular expression per rule."""
     words, table = _word_table(enabled)
     found = {w for w in words if w in data}
-    return [cls for cls, first, second in table
-            if (not first or not first.isdisjoint(found)) and (not second or not second.isdisjoint(found))]
+    rules = [cls for cls, first, second in table
+             if (not first or not first.isdisjoint(found)) and (not second or not second.isdisjoint(found))]
+    if rules and path:
+        from ampdoctor.lint.project import gated
+        from ampdoctor.lint.semantic.vocabulary import test_path
+        if test_path(path):
+            # tests set odd AMP configurations on purpose (clipping scaled gradients in both runs
+            # they compare, a bare scaler, a device string): only the rules whose finding is a bug
+            # whatever the intent (a call that raises, a check that is constant) run there
+            rules = [cls for cls in rules if not gated(cls.code) or cls.in_tests]
+    if rules and _other_framework(data):
+        # Jittor, Paddle, MindSpore, ... code that looks like PyTorch: `masked_fill`, `.half()`
+        # and `autocast` mean other things there; only the torch-API rules (deprecations) apply
+        from ampdoctor.lint.project import gated
+        rules = [cls for cls in rules if not gated(cls.code)]
+    return rules
+
+
+_TORCH_IMPORT = re.compile(rb"^\s*(?:import\s+torch\b|from\s+torch[\s.])", re.M)
+_OTHER_IMPORT = re.compile(rb"^\s*(?:import|from)\s+(?:jittor|paddle|mindspore|oneflow|megengine|tensorflow|jax|mlx)\b",
+                           re.M)
+
+
+def _other_framework(data: bytes) -> bool:
+    """The file imports another tensor framework and not torch."""
+    return _OTHER_IMPORT.search(data) is not None and _TORCH_IMPORT.search(data) is None
 
 
 @lru_cache(maxsize=None)

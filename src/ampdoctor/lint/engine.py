@@ -88,7 +88,7 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
         return _Pass(None, [], [])
 
     ctx = Context(path=path, min_torch=settings.min_torch)
-    rules = [cls(ctx) for cls in active_rules(settings.enabled, text.encode("utf-8", "surrogatepass"))]
+    rules = [cls(ctx) for cls in active_rules(settings.enabled, text.encode("utf-8", "surrogatepass"), path)]
     dispatcher = Dispatcher(ctx, rules)
     try:
         dispatcher.walk(module)
@@ -204,7 +204,7 @@ def _lint_deep(path: str, data: bytes, settings: Settings) -> FileResult:
 def _lint_bytes(path: str, data: bytes, settings: Settings, result: FileResult) -> FileResult:
     enabled = settings.enabled
     has_sup = UNUSED_SUPPRESSION.code in enabled and suppress.QUICK.search(data) is not None
-    if not active_rules(enabled, data) and not has_sup:
+    if not active_rules(enabled, data, path) and not has_sup:
         result.skipped = True
         return result
     errors: list[Diagnostic] = []

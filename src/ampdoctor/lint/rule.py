@@ -75,6 +75,8 @@ class Rule:
     # when set, at least one of these must occur as well (a second, AND-ed group)
     also: ClassVar[Sequence[bytes]] = ()
     default: ClassVar[bool] = True
+    # runs in test files too (a defect rule whose finding is a bug whatever the test intends)
+    in_tests: ClassVar[bool] = False
     summary: ClassVar[str] = ""
 
     def __init__(self, ctx: Context) -> None:

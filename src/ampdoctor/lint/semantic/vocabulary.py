@@ -31,9 +31,14 @@ def is_grad_scaler_name(qualified: str | None) -> bool:
 
 
 def is_scaler(names: Names, expr: cst.BaseExpression) -> bool:
-    """A receiver that holds a GradScaler: made by ``GradScaler(...)`` or named like one."""
-    if is_grad_scaler_name(names.made_by(expr)):
+    """A receiver that holds a GradScaler: made by ``GradScaler(...)`` or named like one, but not
+    an instance of another ``*Scaler`` class (fairscale's ``LayerwiseGradientScaler``, timm's
+    ``NativeScaler``, DeepSpeed's ``DynamicLossScaler``: other protocols)."""
+    made = names.made_by(expr)
+    if is_grad_scaler_name(made):
         return True
+    if made and made.rsplit(".", 1)[-1].endswith("Scaler"):
+        return False
     d = dotted_name(expr)
     if d is None:
         return False
@@ -74,16 +79,22 @@ def is_bf16_flag(node: cst.CSTNode) -> bool:
     return d is not None and bool(_BF16_FLAG.match(d.rsplit(".", 1)[-1].lower()))
 
 
+def test_path(path: str) -> bool:
+    """A ``test_*.py``/``*_test.py``/``conftest.py`` file, or any file under a ``tests``/``test``
+    folder (a test suite's helper modules: ``test/models/common/optimization.py``)."""
+    parts = path.replace("\\", "/").split("/")
+    name = parts[-1]
+    if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
+        return True
+    return any(p in ("tests", "test") for p in parts[:-1])
+
+
 def in_test(ctx) -> bool:
     """The current node is test code: inside a ``test*`` function or a ``Test*`` class, or in a
     ``test_*.py``/``*_test.py`` file or a ``tests``/``test`` folder. Tests set odd AMP configurations on purpose (a tiny loss
     scale, a hand cast inside autocast) to exercise them."""
-    parts = ctx.path.replace("\\", "/").split("/")
-    name = parts[-1]
-    if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
+    if test_path(ctx.path):
         return True
-    if any(p in ("tests", "test") for p in parts[:-1]):
-        return True  # a helper module of a test suite (`test/models/common/optimization.py`)
     for p in ctx.ancestors():
         if isinstance(p, cst.FunctionDef) and p.name.value.startswith("test"):
             return True
