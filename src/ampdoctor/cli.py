@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ampdoctor import __version__
-from ampdoctor.diagnostics import AmpdoctorError, Severity
+from ampdoctor.diagnostics import AmpdoctorError, Severity, fix_counts
 
 FORMATS = ("text", "concise", "json", "sarif", "github")
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -69,9 +69,13 @@ def _console(file, force_plain: bool):
                        soft_wrap=True, emoji=False)
     tty = hasattr(file, "isatty") and file.isatty()
     # a terminal's own width; piped output is 120 columns unless COLUMNS says otherwise
+    return Console(file=file, highlight=False, emoji=False, width=None if tty else _columns(120, 20))
+
+
+def _columns(default: int, minimum: int) -> int:
+    """The width ``COLUMNS`` asks for (output that is not a terminal), else ``default``."""
     columns = os.environ.get("COLUMNS", "")
-    width = None if tty else (int(columns) if columns.isdigit() and int(columns) >= 20 else 120)
-    return Console(file=file, highlight=False, emoji=False, width=width)
+    return int(columns) if columns.isdigit() and int(columns) >= minimum else default
 
 
 @main.command()
@@ -189,7 +193,7 @@ def lint(paths, select, extend_select, ignore, exclude, extend_exclude, force_ex
         text = _diff_text(result, sources)
         _emit(text, output)
         if not text and not quiet:
-            hidden = sum(1 for d in diags if d.fix is not None and d.fix.applicability.value == "unsafe")
+            hidden = fix_counts(diags)[1]
             if hidden and fix_mode != "unsafe":
                 click.echo(f"No safe fixes to show; {hidden} unsafe fix{'es' * (hidden != 1)} "
                            f"{'are' if hidden != 1 else 'is'} available: `--diff --unsafe-fixes` shows "
@@ -478,7 +482,7 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
         from ampdoctor.report import trace_text
         console = _trace_console(sys.stdout, width, plain=not sys.stdout.isatty())
         trace_text.render_verdict(console, report)
-        console.print(f"wrote {escape_markup(output)}", highlight=False, soft_wrap=True)
+        console.print(f"wrote {output}", highlight=False, soft_wrap=True, markup=False)
     if result.error:
         click.echo(f"ampdoctor: the script raised:\n{result.error.rstrip()}", err=True)
     if result.exit_code:
@@ -496,17 +500,11 @@ def _trace_console(file, width: int | None, plain: bool | None = None):
 
     tty = hasattr(file, "isatty") and file.isatty()
     if width is None and not tty:
-        columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() and int(columns) >= 40 else 100
+        width = _columns(100, 40)
     if plain is None:
         plain = not tty
     return Console(file=file, width=width, highlight=False, emoji=False, no_color=plain or None,
                    force_terminal=False if plain else None, soft_wrap=True)
-
-
-def escape_markup(text: str) -> str:
-    from rich.markup import escape
-    return escape(text)
 
 
 def _check_writable(output: str) -> None:

@@ -122,6 +122,18 @@ class Diagnostic:
         )
 
 
+def fix_counts(diags) -> tuple[int, int]:
+    """How many of the diagnostics have a safe fix, and how many an unsafe one."""
+    safe = unsafe = 0
+    for d in diags:
+        if d.fix is not None:
+            if d.fix.applicability is Applicability.SAFE:
+                safe += 1
+            else:
+                unsafe += 1
+    return safe, unsafe
+
+
 @dataclass(frozen=True)
 class RuleInfo:
     """What the CLI and reporters need to know about a rule, without importing libcst."""

@@ -9,6 +9,7 @@ from functools import lru_cache
 import libcst as cst
 
 from ampdoctor.lint import tree
+from ampdoctor.lint.project import gated, test_path
 from ampdoctor.lint.registry import rule_classes
 from ampdoctor.lint.rule import Context, Rule
 
@@ -38,30 +39,28 @@ def active_rules(enabled: frozenset[str], data: bytes, path: str = "") -> list[t
     found = {w for w in words if w in data}
     rules = [cls for cls, first, second in table
              if (not first or not first.isdisjoint(found)) and (not second or not second.isdisjoint(found))]
-    if rules and path:
-        from ampdoctor.lint.project import gated
-        from ampdoctor.lint.semantic.vocabulary import test_path
-        if test_path(path):
-            # tests set odd AMP configurations on purpose (clipping scaled gradients in both runs
-            # they compare, a bare scaler, a device string): only the rules whose finding is a bug
-            # whatever the intent (a call that raises, a check that is constant) run there
-            rules = [cls for cls in rules if not gated(cls.code) or cls.in_tests]
+    if rules and path and test_path(path):
+        # tests set odd AMP configurations on purpose (clipping scaled gradients in both runs
+        # they compare, a bare scaler, a device string): only the rules whose finding is a bug
+        # whatever the intent (a call that raises, a check that is constant) run there
+        rules = [cls for cls in rules if not gated(cls.code) or cls.in_tests]
     if rules and _other_framework(data):
         # Jittor, Paddle, MindSpore, ... code that looks like PyTorch: `masked_fill`, `.half()`
         # and `autocast` mean other things there; only the torch-API rules (deprecations) apply
-        from ampdoctor.lint.project import gated
         rules = [cls for cls in rules if not gated(cls.code)]
     return rules
 
 
+_OTHER_FRAMEWORKS = (b"jittor", b"paddle", b"mindspore", b"oneflow", b"megengine", b"tensorflow", b"jax", b"mlx")
 _TORCH_IMPORT = re.compile(rb"^\s*(?:import\s+torch\b|from\s+torch[\s.])", re.M)
-_OTHER_IMPORT = re.compile(rb"^\s*(?:import|from)\s+(?:jittor|paddle|mindspore|oneflow|megengine|tensorflow|jax|mlx)\b",
-                           re.M)
+_OTHER_IMPORT = re.compile(rb"^\s*(?:import|from)\s+(?:" + b"|".join(_OTHER_FRAMEWORKS) + rb")\b", re.M)
 
 
 def _other_framework(data: bytes) -> bool:
-    """The file imports another tensor framework and not torch."""
-    return _OTHER_IMPORT.search(data) is not None and _TORCH_IMPORT.search(data) is None
+    """The file imports another tensor framework and not torch (a substring search first: the
+    regular expressions run only on files that name one)."""
+    return (any(w in data for w in _OTHER_FRAMEWORKS) and _OTHER_IMPORT.search(data) is not None
+            and _TORCH_IMPORT.search(data) is None)
 
 
 @lru_cache(maxsize=None)

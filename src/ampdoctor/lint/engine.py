@@ -87,7 +87,7 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
         errors.append(_diag_at(path, SYNTAX_ERROR, 1, 1, "the file is nested too deeply to be parsed"))
         return _Pass(None, [], [])
 
-    ctx = Context(path=path, min_torch=settings.min_torch)
+    ctx = Context(path=path, min_torch=settings.min_torch, text=text)
     rules = [cls(ctx) for cls in active_rules(settings.enabled, text.encode("utf-8", "surrogatepass"), path)]
     dispatcher = Dispatcher(ctx, rules)
     try:

@@ -84,10 +84,9 @@ def project_files(root: Path) -> list[str] | None:
     return out
 
 
-def _docs_folder(path: str) -> str | None:
-    """The ``docs``/``doc`` folder of the project that holds ``path``, if any (its name)."""
+def _docs_folder(path: str, root: Path | None) -> str | None:
+    """The ``docs``/``doc`` folder of the project (at ``root``) that holds ``path``, if any (its name)."""
     p = Path(path)
-    root = project_root(p)
     try:
         parts = p.relative_to(root).parts if root is not None else p.parts
     except ValueError:
@@ -98,11 +97,19 @@ def _docs_folder(path: str) -> str | None:
     return None
 
 
+def test_path(path: str) -> bool:
+    """A ``test_*.py``/``*_test.py``/``conftest.py`` file, or any file under a ``tests``/``test``
+    folder (a test suite's helper modules: ``test/models/common/optimization.py``)."""
+    parts = path.replace("\\", "/").split("/")
+    name = parts[-1]
+    if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
+        return True
+    return any(p in ("tests", "test") for p in parts[:-1])
+
+
 def _is_test_file(path: str) -> bool:
-    name = os.path.basename(path)
-    parts = set(Path(path).parts)
-    return (name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
-            or bool(parts & {"tests", "test", "testing"}))
+    """``test_path``, or a file under a ``testing`` folder (uses from there make nothing used)."""
+    return test_path(path) or "testing" in Path(path).parts
 
 
 def _test_code(path: str, node: ast.AST) -> bool:
@@ -456,8 +463,7 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
     projects: dict[Path | None, Project | None] = {}
     linted_files = [os.fspath(p) for p in linted]
 
-    def project_for(p: Path) -> Project | None:
-        root = project_root(p)
+    def project_for(root: Path | None) -> Project | None:
         if root not in projects:
             if root is None:
                 files = linted_files
@@ -478,24 +484,28 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
     prepared = []
     for display, ds in per_file.items():
         real = real_paths[display]
-        proj = project_for(real)
+        root = project_root(real)
+        proj = project_for(root)
         if proj is None:
             continue
         path = os.fspath(real)
+        docs = _docs_folder(path, root)
+        if docs is not None:  # example code in the documentation, not the product: nothing to look up
+            prepared.append((proj, path, None, [(d, None) for d in ds], docs))
+            continue
         if path not in proj.files:
             proj.files.append(path)
         tree = proj.tree(path)
         if tree is not None:
-            prepared.append((proj, path, tree, [(d, chain_at(tree, d.line)) for d in ds]))
+            prepared.append((proj, path, tree, [(d, chain_at(tree, d.line)) for d in ds], None))
     for proj in {id(p[0]): p[0] for p in prepared}.values():
-        mine = [p for p in prepared if p[0] is proj]
-        tops = [_def(path, c[0]) for _, path, _, chains in mine for _, c in chains if c]
-        stems = [os.path.basename(path).rsplit(".", 1)[0] for _, path, _, _ in mine]
+        mine = [p for p in prepared if p[0] is proj and p[4] is None]
+        tops = [_def(path, c[0]) for _, path, _, chains, _ in mine for _, c in chains if c]
+        stems = [os.path.basename(path).rsplit(".", 1)[0] for _, path, _, _, _ in mine]
         proj.index([t.name for t in tops] + [x for x in stems if x.isidentifier()])
         proj.resolve(tops)
-    for proj, path, tree, chains in prepared:
-        docs = _docs_folder(path)
-        if docs is not None:  # example code in the documentation, not the product
+    for proj, path, tree, chains, docs in prepared:
+        if docs is not None:
             for d, _ in chains:
                 drop.add(id(d))
                 hidden.append(Hidden(d, f"{docs}/ (documentation)"))

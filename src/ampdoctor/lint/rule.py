@@ -46,6 +46,7 @@ class Context:
 
     path: str
     names: Names = field(default_factory=Names)
+    text: str = ""  # the source being linted (what the module's code is)
     parents: list[cst.CSTNode] = field(default_factory=list)
     min_torch: tuple[int, ...] | None = None
     reports: list[Report] = field(default_factory=list)

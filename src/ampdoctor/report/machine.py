@@ -7,17 +7,18 @@ from collections import Counter
 from typing import Iterable
 
 from ampdoctor import __version__, docs
-from ampdoctor.diagnostics import Diagnostic, RuleInfo, Severity
+from ampdoctor.diagnostics import Diagnostic, RuleInfo, Severity, fix_counts
 
 
 def summary(diags: list[Diagnostic], files: int, fixed: int) -> dict:
+    safe, unsafe = fix_counts(diags)
     return {
         "files": files,
         "files_with_diagnostics": len({d.path for d in diags}),
         "diagnostics": len(diags),
         "fixed": fixed,
-        "fixable": sum(1 for d in diags if d.fix is not None and d.fix.applicability.value == "safe"),
-        "unsafe_fixable": sum(1 for d in diags if d.fix is not None and d.fix.applicability.value == "unsafe"),
+        "fixable": safe,
+        "unsafe_fixable": unsafe,
         "by_severity": {s.value: sum(1 for d in diags if d.severity is s) for s in Severity},
         "by_code": dict(sorted(Counter(d.code for d in diags).items())),
     }

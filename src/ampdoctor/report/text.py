@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ampdoctor.diagnostics import Diagnostic, RuleInfo, Severity
+from ampdoctor.diagnostics import Diagnostic, RuleInfo, Severity, fix_counts
 
 _LINES = re.compile(r"\r\n|\r|\n")  # what the parser counts as a line break (not form feeds)
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7f] if c != 0x09}  # a linted file must not drive the terminal
@@ -72,10 +72,11 @@ def render_diagnostics(console: Console, diags: Iterable[Diagnostic], sources: d
     for d in diags:
         style = _STYLE[d.severity]
         head = f"{d.path}:{d.line}:{d.column}:"
-        lines = _wrap(f"{head} {d.code} {d.name} {d.message}", width, indent="    ")
+        lead = f"{head} {d.code} {d.name} "
+        lines = _wrap(lead + d.message, width, indent="    ")
         first = lines[0]
-        if first.startswith(f"{head} {d.code} {d.name} "):
-            rest = first[len(f"{head} {d.code} {d.name} "):]
+        if first.startswith(lead):  # styled when the location and code fit on the first line
+            rest = first[len(lead):]
             console.print(f"[bold]{escape(head)}[/bold] [{style}]{d.code}[/{style}] [dim]{d.name}[/dim] "
                           f"{escape(rest)}", highlight=False, soft_wrap=True)
         else:
@@ -121,20 +122,17 @@ def _render_edits(console: Console, d: Diagnostic) -> None:
 
 def clean_line(files: int, failed: bool) -> str | None:
     """What a run without diagnostics says: never "All checks passed" when a path failed or no file was found."""
+    if files == 0:
+        return None  # the errors or the "no Python files" warning on standard error say it
     plural = "s" * (files != 1)
-    if failed and files == 0:
-        return None  # the errors on standard error say it all
     if failed:
         return f"No diagnostics in the {files} file{plural} checked, but some paths could not be checked (see above)."
-    if files == 0:
-        return None  # the warning on standard error says it
     return f"All checks passed ({files} file{plural} checked)."
 
 
 def fixable_line(diags: list[Diagnostic], fix_mode: str | None) -> str | None:
     """How many of the diagnostics a fix mode would fix, worded for the mode the run was in."""
-    safe = sum(1 for d in diags if d.fix and d.fix.applicability.value == "safe")
-    unsafe = sum(1 for d in diags if d.fix and d.fix.applicability.value == "unsafe")
+    safe, unsafe = fix_counts(diags)
     if fix_mode == "unsafe":
         return None
     if fix_mode == "safe":  # what is left after --fix is unsafe only

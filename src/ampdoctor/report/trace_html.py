@@ -9,33 +9,18 @@ import json
 import math
 import re
 
-from ampdoctor.trace.formats import BFLOAT16, FLOAT16
+from ampdoctor.report.trace_text import _absmax, _num, table_rows, verdict
+from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS
 
 # log2 axes: float16's limits (2^-24 .. 2^16) with room either side, or bfloat16's (2^-133 .. 2^128)
 _AXES = {"float16": (-30.0, 20.0, 5), "bfloat16": (-140.0, 135.0, 25)}
-_LO, _HI = _AXES["float16"][:2]
 _COLORS = {"origin": "#dc2626", "nonfinite": "#f59e0b", "healthy": "#2563eb"}
 
 
-def _x(v: float, width: float, axis=None) -> float:
-    lo, hi = (axis or (_LO, _HI))[:2]
+def _x(v: float, width: float, axis) -> float:
+    lo, hi = axis[:2]
     e = max(lo, min(hi, math.log2(v))) if v > 0 else lo
     return (e - lo) / (hi - lo) * width
-
-
-def _num(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.3g}"
-    return str(x)
-
-
-def _absmax(r: dict) -> str:
-    if r["absmax"] is not None:
-        return _num(r["absmax"])
-    nf = r["nonfinite"]
-    return "nan" if nf["nan"] else "inf" if nf["pinf"] + nf["ninf"] else "-"
 
 
 def _kind(r: dict) -> str:
@@ -166,9 +151,6 @@ _PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c")
 
 def _over_steps(report: dict) -> str:
     """The worst layers' absmax over the steps, against the target's largest value."""
-    from ampdoctor.report.trace_text import table_rows
-    from ampdoctor.trace.formats import FORMATS
-
     rows = [r for r in table_rows(report, 5) if r.get("absmax_by_step")]
     if not rows or report["steps"] < 2:
         return ""
@@ -195,8 +177,6 @@ def _scaler(report: dict) -> str:
 
 
 def render(report: dict) -> str:
-    from ampdoctor.report.trace_text import verdict
-
     esc = html.escape
     findings = "".join(
         f"<li><b>{esc(f['kind'])}</b> {('<code>' + esc(f['module']) + '</code>') if f.get('module') else ''} "

@@ -6,7 +6,6 @@ import textwrap
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 
 def _num(x) -> str:

@@ -12,18 +12,8 @@ from ampdoctor.lint.semantic import vocabulary as voc
 from ampdoctor.lint.semantic.facts import facts_of
 
 _SCALER_METHODS = ("scale", "step", "unscale_", "update")
-
-
-def _parents_of(root: cst.CSTNode, target: cst.CSTNode):
-    """The (parent, child) pair directly above ``target`` under ``root``."""
-    stack = [root]
-    while stack:
-        n = stack.pop()
-        for c in _tree.children(n):
-            if c is target:
-                yield n, c
-                return
-            stack.append(c)
+# what a step function may do with a scaler it keeps to itself
+_LOCAL_USES = (*_SCALER_METHODS, "state_dict", "get_scale", "is_enabled")
 
 
 class GradScalerInLoop(Rule):
@@ -73,14 +63,16 @@ class GradScalerInLoop(Rule):
         for n in h.walk(fn.body):
             if isinstance(n, h.LOOPS) and any(isinstance(m, cst.Name) and m.value == name for m in h.walk(n.body)):
                 return  # used in a loop of its own function: one scaler for many steps
+        # the method called on each name that is a receiver (`scaler.step`)
+        receivers = {id(a.value): a.attr.value for a in h.walk(fn.body)
+                     if isinstance(a, cst.Attribute) and isinstance(a.value, cst.Name)}
         stepped = False
         for n in h.walk(fn.body):
             if isinstance(n, cst.Name) and n.value == name and n is not assign.targets[0].target:
-                use = self._use_of(fn, n)
-                if use is None:
+                attr = receivers.get(id(n))
+                if attr not in _LOCAL_USES:
                     return  # the scaler escapes (returned, stored, passed on): it may live on
-                if use == "step":
-                    stepped = True
+                stepped = stepped or attr == "step"
         if not stepped:
             return
         graph = facts_of(self.ctx).calls
@@ -93,18 +85,6 @@ class GradScalerInLoop(Rule):
                 self.report(node, self.per_call_message.format(c=u.code(node.func), f=info.qualname,
                                                                caller=caller.qualname))
                 return
-
-    @staticmethod
-    def _use_of(fn: cst.FunctionDef, name: cst.Name) -> str | None:
-        """"step" or "other" for `s.step(...)` / `s.scale(...)`-like uses; None when it escapes."""
-        for parent, child in _parents_of(fn, name):
-            if isinstance(parent, cst.Attribute) and parent.value is child:
-                attr = parent.attr.value
-                if attr in _SCALER_METHODS or attr in ("state_dict", "get_scale", "is_enabled"):
-                    return "step" if attr == "step" else "other"
-                return None
-            return None
-        return None
 
     @staticmethod
     def _in_loop(root: cst.CSTNode, call: cst.Call) -> bool:

@@ -2,8 +2,6 @@ from __future__ import annotations
 
 import re
 
-import libcst as cst
-
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint.semantic.masks import NegInfFill
 
@@ -32,5 +30,5 @@ class NegInfPaddingMask(NegInfFill):
         """Left padding in the file (`padding_side="left"`, `left_pad`): with right padding a
         padded query row still sees the real keys before it, and no row is fully masked."""
         if self._left is None:
-            self._left = bool(_LEFT_PADDING.search(cst.Module([]).code_for_node(self.ctx.parents[0])))
+            self._left = bool(_LEFT_PADDING.search(self.ctx.text))
         return self._left

@@ -8,6 +8,7 @@ import re
 import libcst as cst
 
 from ampdoctor.lint.names import Names, dotted_name
+from ampdoctor.lint.project import test_path
 
 # identifier words that name a precision setting (``use_bf16``, ``amp_dtype``, ``mixed_precision``)
 PRECISION_WORDS = frozenset({"bf16", "bfloat16", "bfloat", "fp16", "float16", "half", "amp", "autocast",
@@ -77,16 +78,6 @@ def is_bf16_flag(node: cst.CSTNode) -> bool:
     """A name or attribute that is a bfloat16 switch: ``bf16``, ``args.use_bf16``, ``bf16_enabled``."""
     d = dotted_name(node)
     return d is not None and bool(_BF16_FLAG.match(d.rsplit(".", 1)[-1].lower()))
-
-
-def test_path(path: str) -> bool:
-    """A ``test_*.py``/``*_test.py``/``conftest.py`` file, or any file under a ``tests``/``test``
-    folder (a test suite's helper modules: ``test/models/common/optimization.py``)."""
-    parts = path.replace("\\", "/").split("/")
-    name = parts[-1]
-    if name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py":
-        return True
-    return any(p in ("tests", "test") for p in parts[:-1])
 
 
 def in_test(ctx) -> bool:
