@@ -208,3 +208,21 @@ def test_html_report_renders_in_a_headless_browser(scenario, tmp_path):
     subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1400,1600", page.as_uri()],
                    capture_output=True, text=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_shortened_sibling_layers_stay_apart():
+    """`transformer.h.0.mlp.c_fc` and `transformer.h.1.mlp.c_fc` differ only near the end: the
+    shortened names must keep that part (GPT-2 from a config showed two identical rows)."""
+    from ampdoctor.report import trace_text
+
+    def row(name):
+        return {"module": name, "class": "NewGELUActivation", "phase": "backward", "dtype": "float16",
+                "absmax": None, "min_nonzero": 3.05e-05, "headroom_bits": None,
+                "nonfinite": {"nan": 131072, "pinf": 0, "ninf": 0}, "overflow_fraction": 0.0,
+                "underflow_fraction": 0.00597, "calls": 4, "origin": False}
+
+    names = ["transformer.h.0.mlp.c_fc", "transformer.h.1.mlp.c_fc", "transformer.h.1.attn.c_attn"]
+    for width in WIDTHS:
+        lines = trace_text.layer_table([row(n) for n in names], width)[1:]
+        shown = [ln.split()[0] for ln in lines]
+        assert len(set(shown)) == len(names), (width, shown)

@@ -1147,3 +1147,28 @@ def test_ops_replay_never_blames_uninitialised_memory():
     finally:
         torch.use_deterministic_algorithms(prev)
     assert t.report()["op_origin"]["op"] == "aten.log"
+
+
+def test_a_run_whose_every_step_was_skipped_is_not_called_healthy():
+    """Four steps, all skipped while the scale backs off: the skips may all be warm-up, but the
+    text verdict must not say "No numerical problems found" (GPT-2 from a config showed it)."""
+    from ampdoctor.report import trace_text
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 1))
+    with torch.no_grad():
+        model[0].weight.mul_(30)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    with Tracer() as t:
+        for _ in range(4):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(8, 16)).pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    report = t.report()
+    assert report["scaler"]["skipped_steps"] == len(report["scaler"]["steps"]) == 4
+    text = trace_text.verdict(report)
+    assert text.startswith("Not judged: the GradScaler skipped all 4 optimizer step(s)"), text

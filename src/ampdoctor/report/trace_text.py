@@ -16,6 +16,13 @@ def _num(x) -> str:
     return str(x)
 
 
+def _all_skipped(report: dict) -> bool:
+    """The GradScaler skipped every optimizer step of the run (none went through)."""
+    scaler = report.get("scaler") or {}
+    steps = len(scaler.get("steps") or [])
+    return bool(steps) and scaler.get("skipped_steps") == steps
+
+
 def verdict(report: dict) -> str:
     first = report["first_nonfinite"]
     kinds = sorted({f["kind"] for f in report["findings"]})
@@ -45,6 +52,12 @@ def verdict(report: dict) -> str:
     if failed:
         return (f"The script failed ({failed}) after {report['steps']} step(s); no numerical problems in what "
                 f"ran before, judged against {report['target_dtype']}.")
+    if _all_skipped(report):
+        # every skip may be the back-off from init_scale, but no step has gone through yet
+        scaler = report["scaler"]
+        return (f"Not judged: the GradScaler skipped all {len(scaler['steps'])} optimizer step(s) while its scale "
+                f"backed off ({_num(scaler.get('initial_scale'))} → {_num(scaler.get('final_scale'))}), so no step "
+                "went through. Run more steps to tell the warm-up from a real overflow.")
     return f"No numerical problems found in {report['steps']} step(s), judged against {report['target_dtype']}."
 
 
@@ -56,13 +69,18 @@ def short_dtype(dtype: str) -> str:
 
 
 def middle(name: str, width: int) -> str:
-    """``name`` shortened in the middle to ``width`` characters (the full path is in the JSON)."""
+    """``name`` shortened in the middle to ``width`` characters (the full path is in the JSON).
+    The tail gets two thirds: sibling layers differ at the end (`h.0.mlp.c_fc`, `h.1.mlp.c_fc`),
+    while the head is the same model prefix on every row; a short first component is kept whole."""
     if len(name) <= width:
         return name
     if width <= 3:
         return name[:width]
     keep = width - 1
-    head = keep // 2
+    head = keep // 3
+    first = name.split(".", 1)[0] + "."
+    if len(first) <= keep // 2 and len(first) > head:
+        head = len(first)
     return name[:head] + "…" + name[len(name) - (keep - head):]
 
 
@@ -171,7 +189,8 @@ def _wrapped(console: Console, text: str, indent: str = "", first: str = "", sty
 
 def render_verdict(console: Console, report: dict) -> None:
     bad = bool(report["findings"] or report["first_nonfinite"])
-    _wrapped(console, verdict(report), style="bold red" if bad else "bold green")
+    style = "bold red" if bad else "bold yellow" if _all_skipped(report) else "bold green"
+    _wrapped(console, verdict(report), style=style)
 
 
 def render(console: Console, report: dict, limit: int = 10) -> None:
