@@ -175,5 +175,5 @@ def test_helpers_of_a_test_folder_count_as_tests(tmp_path):
             scaler.step(opt)
             scaler.update()
     ''')
-    assert [d.code for d in lint_text(src, "models/common/optimization.py").diagnostics] == ["AMP302"]
+    assert [d.code for d in lint_text(src, "models/common/optimization.py").diagnostics] == ["AMP312"]
     assert [d.code for d in lint_text(src, "test/models/common/optimization.py").diagnostics] == []

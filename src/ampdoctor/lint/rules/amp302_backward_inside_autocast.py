@@ -8,9 +8,9 @@ from ampdoctor.lint.semantic import config as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic import backward
 from ampdoctor.lint.semantic import vocabulary as voc
 
-_AUTOGRAD = {"torch.autograd.grad": "torch.autograd.grad", "torch.autograd.backward": "torch.autograd.backward"}
 # calls that may follow the backward at the end of the block and leave with it
 _AFTER_BACKWARD = ("backward", "step", "update", "zero_grad", "unscale_")
 _CLIPS = {"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_value_",
@@ -23,35 +23,46 @@ class BackwardInsideAutocast(Rule):
     code = "AMP302"
     name = "backward-inside-autocast"
     severity = Severity.WARNING
-    message = ("`{call}` runs inside an autocast-enabled region: autocast also recasts the ops of the "
-               "backward pass, which should run in the dtypes the forward pass chose. Leave the `with` block "
-               "before the backward pass.")
+    message = ("`{call}` runs inside an autocast region that {reason}: autocast recasts the backward ops of "
+               "that part of the graph, so its gradients differ from those of a backward run after the block. "
+               "Leave the `with` block before the backward pass.")
     fix_title = "Move the backward pass out of the autocast block"
     fix_availability = "unsafe"
     words = (b"autocast",)
-    summary = "`.backward()` or `torch.autograd.grad()` inside an autocast-enabled region."
+    summary = ("`.backward()` or `torch.autograd.grad()` inside an autocast region whose graph was partly "
+               "recorded in another autocast state.")
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
         q = names.qualified(node.func)
-        if q in _AUTOGRAD:
-            call = _AUTOGRAD[q] + "(...)"
+        if q in backward.AUTOGRAD_CALLS:
+            call = q + "(...)"
         elif h.method_call(node, "backward") is not None:
             call = ".backward()"
         else:
             return
-        regions = [(r.ac, r.node) for r in acs.regions(self.ctx)]
-        if not regions or regions[0][0].enabled is False:
+        regions = acs.regions(self.ctx)
+        if not regions or regions[0].ac.enabled is False:
             return
         if voc.in_test(self.ctx):
             return  # a test or benchmark timing the backward under autocast: no training is affected
-        ac, region = regions[0]
+        ac, region = regions[0].ac, regions[0].node
         conditional = ac.enabled is None or (ac.dtype_expr is not None and ac.dtype is None)
         if conditional and self._in_amp_off_arm(region):
             return  # `if scaler is None: loss.backward()`: the arm of the mode the region does not lower
         if self._refuses_amp():
             return  # `if self.use_amp: raise NotImplementedError`: this code never trains under AMP
-        self.report(node, self.message.format(call=call), self._fix(region))
+        effect = backward.computed_outside(self.ctx, node, regions[0])
+        if effect is not None:
+            effect = f"did not compute `{effect}`"
+        else:
+            effect = backward.float32_part(self.ctx, node, regions[0])
+        self.emit(node, call, region, effect)
+
+    def emit(self, node: cst.Call, call: str, region: cst.CSTNode, effect: str | None) -> None:
+        """Report when part of the graph was recorded in another autocast state (``effect`` says which)."""
+        if effect is not None:
+            self.report(node, self.message.format(call=call, reason=effect), self._fix(region))
 
     def _in_amp_off_arm(self, region: cst.CSTNode) -> bool:
         """Inside the region, in the arm of an `if` about the precision that runs without AMP:
@@ -124,7 +135,7 @@ class BackwardInsideAutocast(Rule):
             if not all(self._simple(a.value) for a in value.args):
                 return False
             q = self.ctx.names.qualified(value.func)
-            if q in _AUTOGRAD or q in _CLIPS:
+            if q in backward.AUTOGRAD_CALLS or q in _CLIPS:
                 continue
             mc = h.method_call(value, *_AFTER_BACKWARD)
             if isinstance(small, cst.Expr) and mc is not None and self._simple(mc[0]):
