@@ -158,7 +158,21 @@ def test_long_module_paths_are_shortened_in_the_middle_to_fit():
         cells = line.split()
         assert cells[0] == ">" and "0.000488" in cells and "3/12" in cells and "nan" in cells
         short = cells[1]
-        assert short.startswith("model.") and short.endswith("default") and "…" in short
+        assert short.endswith("default") and "…" in short and "11" in short, short
+
+
+@pytest.mark.parametrize("width", [10, 16, 20, 28])
+def test_shortened_sibling_layers_stay_apart(width):
+    """Rows of sibling layers differ in the layer index and the tail; shortening keeps both."""
+    from ampdoctor.report import trace_text
+
+    families = [[f"transformer.h.{i}.attn.c_attn" for i in (0, 1, 11)],
+                [f"model.encoder.layers.{i}.self_attention.query_key_value.lora_A.default" for i in (0, 1, 11)],
+                [f"encoder.block.{i}.layer.1.DenseReluDense.wo" for i in (0, 3)]]
+    for names in families:
+        short = [trace_text.middle(n, width) for n in names]
+        assert all(len(s) <= width for s in short), short
+        assert len(set(short)) == len(names), short
 
 
 # -- the HTML report in a real browser -----------------------------------------------------------

@@ -69,19 +69,41 @@ def short_dtype(dtype: str) -> str:
 
 
 def middle(name: str, width: int) -> str:
-    """``name`` shortened in the middle to ``width`` characters (the full path is in the JSON).
-    The tail gets two thirds: sibling layers differ at the end (`h.0.mlp.c_fc`, `h.1.mlp.c_fc`),
-    while the head is the same model prefix on every row; a short first component is kept whole."""
+    """``name`` shortened to ``width`` characters (the full path is in the JSON), so that sibling
+    layers stay apart: they differ in the tail and in the layer index (`h.0.attn.c_attn`,
+    `h.1.attn.c_attn`), while the head is the same model prefix on every row. Whole dotted
+    components are kept from the end (`…h.0.attn.c_attn`); when the last layer index does not fit
+    that way it is kept in front of the tail (`…11…lora_A.default`); names with no room for that
+    are cut in the middle."""
     if len(name) <= width:
         return name
     if width <= 3:
         return name[:width]
+    parts = name.split(".")
+    start = _tail_start(parts, width - 1)
+    indices = [i for i, p in enumerate(parts) if p.isdigit()]
+    missing = [i for i in indices if i < start]
+    if start < len(parts) and not missing:
+        return "…" + ".".join(parts[start:])
+    if missing:
+        lead = "…" + ".".join(parts[i] for i in missing) + "…"
+        room = width - len(lead)
+        rest = parts[missing[-1] + 1:]
+        text = ".".join(rest)
+        if room >= min(6, len(text)):
+            whole = ".".join(rest[_tail_start(rest, room):])
+            return lead + (whole if len(whole) * 2 >= room else text[len(text) - room:])
     keep = width - 1
     head = keep // 3
-    first = name.split(".", 1)[0] + "."
-    if len(first) <= keep // 2 and len(first) > head:
-        head = len(first)
     return name[:head] + "…" + name[len(name) - (keep - head):]
+
+
+def _tail_start(parts: list[str], room: int) -> int:
+    """Index of the first of the most trailing ``parts`` whose dotted join fits in ``room``."""
+    start = len(parts)
+    while start > 0 and len(".".join(parts[start - 1:])) <= room:
+        start -= 1
+    return start
 
 
 def _pct(x: float) -> str:
