@@ -419,6 +419,11 @@ def rule(code: str) -> None:
         click.echo(body.rstrip("\n"))
 
 
+_TORCHRUN = (("nnodes", "--nnodes"), ("node_rank", "--node-rank"), ("master_addr", "--master-addr"),
+             ("master_port", "--master-port"), ("rdzv_backend", "--rdzv-backend"),
+             ("rdzv_endpoint", "--rdzv-endpoint"), ("rdzv_id", "--rdzv-id"), ("max_restarts", "--max-restarts"))
+
+
 @main.command(context_settings={"allow_interspersed_args": False})
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -437,8 +442,30 @@ def rule(code: str) -> None:
               help="Columns of the text report (default: the terminal's, else COLUMNS, else 100).")
 @click.option("--fail-on", "fail_on", help="Comma-separated finding kinds that make the exit code 1 "
               "(nonfinite, overflow, underflow, scaler, or all).")
-def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fail_on) -> None:
-    """Run SCRIPT with its ARGS under the numerics tracer and report per-layer fp16/bf16 health."""
+@click.option("--nproc-per-node", help="Launch SCRIPT on N processes with torch's elastic launcher "
+              "(torch.distributed.run, as torchrun does) and merge the ranks' reports into one.")
+@click.option("--nnodes", help="torchrun's --nnodes (with --nproc-per-node).")
+@click.option("--node-rank", help="torchrun's --node-rank.")
+@click.option("--master-addr", help="torchrun's --master-addr.")
+@click.option("--master-port", help="torchrun's --master-port.")
+@click.option("--rdzv-backend", help="torchrun's --rdzv-backend.")
+@click.option("--rdzv-endpoint", help="torchrun's --rdzv-endpoint.")
+@click.option("--rdzv-id", help="torchrun's --rdzv-id.")
+@click.option("--max-restarts", help="torchrun's --max-restarts.")
+@click.option("--standalone", is_flag=True, help="torchrun's --standalone.")
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Folder for the ranks' reports (default: a temporary one; over several nodes, give one on "
+              "storage all nodes share).")
+@click.option("--merge-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Under a bare torchrun, how long rank 0 waits for the other ranks' reports after its script "
+              "ends (seconds).")
+def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fail_on, nproc_per_node,
+          run_dir, merge_timeout, standalone, **torchrun) -> None:
+    """Run SCRIPT with its ARGS under the numerics tracer and report per-layer fp16/bf16 health.
+
+    With --nproc-per-node N, SCRIPT runs on N processes launched by torch.distributed.run; each rank
+    traces itself and one report covers them all. Under torchrun (torchrun ... -m ampdoctor trace
+    SCRIPT), rank 0 merges the reports."""
     kinds = set()
     if fail_on:
         allowed = {"nonfinite", "overflow", "underflow", "scaler"}
@@ -451,15 +478,30 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
                                  f"(one of: {', '.join(sorted(allowed))}, all)")
     if not os.path.isfile(script):
         raise AmpdoctorError(f"{script}: no such file")
+    given = [flag for key, flag in _TORCHRUN if torchrun.get(key) is not None] + (["--standalone"] if standalone else [])
+    if given and nproc_per_node is None:
+        raise AmpdoctorError(f"{given[0]} needs --nproc-per-node (it is a launcher option)")
     if output:
         _check_writable(output)
     try:
         import torch  # noqa: F401
     except ImportError:
         raise AmpdoctorError("`ampdoctor trace` needs torch: pip install 'ampdoctor[trace]'") from None
+    from ampdoctor.trace import distributed as dist_trace
+
+    if nproc_per_node is not None:
+        launcher = [flag_value for key, flag in _TORCHRUN if torchrun.get(key) is not None
+                    for flag_value in (flag, str(torchrun[key]))] + (["--standalone"] if standalone else [])
+        opts = [*(["--target", target] if target else []), *(["--max-steps", str(max_steps)] if max_steps else []),
+                *(["--ops"] if ops else []), *(["--no-grads"] if no_grads else [])]
+        report, code = _launch(script, list(args), str(nproc_per_node), launcher, opts, run_dir, fmt, output)
+        _finish_trace(report, fmt, output, width, kinds, code)
+    info = dist_trace.rank_info()
     from ampdoctor.trace.run import run_script
     from ampdoctor.trace.tracer import Tracer
 
+    if info is not None:
+        dist_trace.stop_on_sigterm()
     tracer = Tracer(target=target, grads=not no_grads, ops=ops, max_steps=max_steps)
     # a JSON or HTML report on standard output must stay parseable: the script's own output goes to stderr
     result = run_script(script, list(args), tracer, quiet_stdout=fmt != "text" and not output)
@@ -467,6 +509,73 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
     report["script"] = {"path": script, "args": list(args), "exit_code": result.exit_code,
                         "error": result.error, "error_summary": result.summary,
                         "stopped_by_max_steps": result.stopped}
+    if info is not None:
+        folder = dist_trace.run_dir(info, run_dir)
+        dist_trace.write_rank_report(folder, info, report)
+        if info.rank != 0 or os.environ.get(dist_trace.MERGE_ENV) == "launcher":
+            # the launcher (or rank 0) merges; this rank only says how its script ended
+            if result.error:
+                click.echo(f"ampdoctor: rank {info.rank}: the script raised:\n{result.error.rstrip()}", err=True)
+            raise click.exceptions.Exit(result.exit_code)
+        reports = dist_trace.wait_for_ranks(folder, info.world_size, merge_timeout)
+        merged = dist_trace.merge(reports, info.world_size)
+        merged["script"] = dict(report["script"], run_dir=folder)
+        _finish_trace(merged, fmt, output, width, kinds, result.exit_code, result.error)
+    _finish_trace(report, fmt, output, width, kinds, result.exit_code, result.error)
+
+
+def _launch(script, args, nproc, launcher, opts, folder, fmt, output):
+    """Run SCRIPT on ``nproc`` processes through torch.distributed.run, every rank under
+    ``ampdoctor trace``, then merge the ranks' reports. Returns the merged report and the
+    launcher's exit code."""
+    import subprocess
+    import tempfile
+
+    from ampdoctor.trace import distributed as dist_trace
+
+    folder = folder or tempfile.mkdtemp(prefix="ampdoctor-run-")
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):  # reports of an earlier run would pass for this one's
+        if name.startswith("rank-") and name.endswith(".json"):
+            os.unlink(os.path.join(folder, name))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", nproc, *launcher,
+           "-m", "ampdoctor", "trace", *opts, script, *args]
+    env = dict(os.environ, **{dist_trace.RUN_DIR_ENV: os.path.abspath(folder), dist_trace.MERGE_ENV: "launcher"})
+    # a JSON or HTML report on standard output must stay parseable: the ranks' output goes to stderr
+    to_stderr = fmt != "text" and not output
+    try:
+        code = subprocess.call(cmd, env=env, stdout=sys.stderr if to_stderr else None)
+    except KeyboardInterrupt:
+        code = 130
+    world = _world_size(folder, nproc, launcher)
+    reports = dist_trace.read_rank_reports(folder, world)
+    if not any(reports.values()):
+        raise AmpdoctorError(f"no rank left a report in {folder} (the launcher exited with {code})")
+    merged = dist_trace.merge(reports, world)
+    failure = dist_trace.first_failure(reports)
+    merged["script"] = {"path": script, "args": args, "exit_code": code,
+                        "error": f"rank {failure[0]}: {failure[1]['error']}" if failure else None,
+                        "error_summary": f"rank {failure[0]}: {dist_trace.first_line(failure[1]['error_summary'])}"
+                        if failure else (f"launcher exit code {code}" if code else None),
+                        "stopped_by_max_steps": any(rep and rep["script"].get("stopped_by_max_steps")
+                                                    for rep in reports.values()),
+                        "run_dir": folder, "launcher": ["torch.distributed.run", "--nproc-per-node", nproc, *launcher]}
+    return merged, code
+
+
+def _world_size(folder: str, nproc: str, launcher: list[str]) -> int:
+    """How many ranks the job had: nproc x nnodes when both are numbers, else from the reports."""
+    nnodes = launcher[launcher.index("--nnodes") + 1] if "--nnodes" in launcher else "1"
+    if nproc.isdigit() and nnodes.isdigit():
+        return int(nproc) * int(nnodes)
+    ranks = [int(n[5:-5]) for n in os.listdir(folder) if n.startswith("rank-") and n.endswith(".json")
+             and n[5:-5].isdigit()]
+    return max(ranks) + 1 if ranks else 1
+
+
+def _finish_trace(report, fmt, output, width, kinds, exit_code, error=None) -> None:
+    """Write the report, print the verdict, and exit: the script's own exit code when it failed,
+    else 1 when a --fail-on kind was found, else 0."""
     if fmt == "json":
         _emit(json.dumps(report, indent=2) + "\n", output)
     elif fmt == "html":
@@ -483,10 +592,10 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
         console = _trace_console(sys.stdout, width, plain=not sys.stdout.isatty())
         trace_text.render_verdict(console, report)
         console.print(f"wrote {output}", highlight=False, soft_wrap=True, markup=False)
-    if result.error:
-        click.echo(f"ampdoctor: the script raised:\n{result.error.rstrip()}", err=True)
-    if result.exit_code:
-        raise click.exceptions.Exit(result.exit_code)
+    if error:
+        click.echo(f"ampdoctor: the script raised:\n{error.rstrip()}", err=True)
+    if exit_code:
+        raise click.exceptions.Exit(exit_code)
     if kinds and (any(f["kind"] in kinds for f in report["findings"])
                   or ("nonfinite" in kinds and report["first_nonfinite"] is not None)):
         raise click.exceptions.Exit(EXIT_FINDINGS)

@@ -29,7 +29,7 @@ RULES = (
     ('AMP213', 'neg-inf-key-padding', 'info', 'suggestion', False, 'A -inf key-padding mask before a softmax: an all-padding sequence gives a NaN row (opt-in).'),
     ('AMP301', 'autocast-implicit-fp16', 'error', 'suggestion', True, 'CUDA autocast without `dtype=` (so float16) in a file that configures bfloat16.'),
     ('AMP302', 'backward-inside-autocast', 'warning', 'unsafe', True, '`.backward()` or `torch.autograd.grad()` inside an autocast region whose graph was partly recorded in another autocast state.'),
-    ('AMP303', 'half-inside-autocast', 'warning', 'unsafe', True, 'Manual `.half()`/`.bfloat16()`/`.to(float16)` casts inside an autocast region.'),
+    ('AMP303', 'half-inside-autocast', 'warning', 'unsafe', False, 'Manual `.half()`/`.bfloat16()`/`.to(float16)` casts inside an autocast region (opt-in).'),
     ('AMP304', 'bce-under-autocast', 'error', 'suggestion', True, '`binary_cross_entropy`/`BCELoss` inside CUDA autocast, which raises.'),
     ('AMP305', 'custom-function-no-custom-fwd', 'warning', 'suggestion', True, 'Custom `autograd.Function` with autocastable ops and no `custom_fwd`/`custom_bwd`.'),
     ('AMP306', 'autocast-device-mismatch', 'warning', 'safe', True, '`torch.autocast` device_type that is not the device type of the tensors (or not a type at all).'),

@@ -35,7 +35,8 @@ def verdict(report: dict) -> str:
     tail = f" The script then failed ({failed}); the report covers what ran before." if failed else ""
     if first:
         op = f", {first['op']}" if first.get("op") else ""
-        at = f"step {first['step']}{op}"
+        rank = f", rank {first['rank']}" if report.get("ranks") and first.get("rank") is not None else ""
+        at = f"step {first['step']}{op}{rank}"
         if first["phase"] == "input":
             return (f"NaN/Inf first appeared in the input of `{first['module']}` ({at}): it came with the data, "
                     f"not from a layer.{tail}")
@@ -145,6 +146,7 @@ def table_rows(report: dict, limit: int = 10) -> list[dict]:
 # (header, justify, minimum width at which the column is shown)
 _COLUMNS = (
     ("", "left", 0),
+    ("rank", "right", 0),  # only in a merged multi-rank report: the rank holding the value shown
     ("module", "left", 0),
     ("class", "left", 100),
     ("pass", "left", 0),
@@ -162,6 +164,7 @@ _COLUMNS = (
 def _cells(r: dict) -> dict:
     return {
         "": ">" if r.get("origin") else "",
+        "rank": str(r["rank"]) if r.get("rank") is not None else "-",
         "module": r["module"],
         "class": r["class"],
         "pass": "fwd" if r["phase"] == "forward" else "bwd",
@@ -176,10 +179,10 @@ def _cells(r: dict) -> dict:
     }
 
 
-def layer_table(rows: list[dict], width: int) -> list[str]:
+def layer_table(rows: list[dict], width: int, ranks: bool = False) -> list[str]:
     """The table as plain lines that fit ``width``: columns by priority, module names shortened in
-    the middle, every number whole."""
-    cols = [c for c in _COLUMNS if width >= c[2]]
+    the middle, every number whole; with ``ranks``, the rank holding each row's worst value."""
+    cols = [c for c in _COLUMNS if width >= c[2] and (ranks or c[0] != "rank")]
     cells = [_cells(r) for r in rows]
     widths = {h: max([len(h)] + [len(c[h]) for c in cells]) for h, _, _ in cols}
     sep = 2
@@ -209,6 +212,24 @@ def _wrapped(console: Console, text: str, indent: str = "", first: str = "", sty
         console.print(f"[{style}]{escape(ln)}[/{style}]" if style else escape(ln), highlight=False, soft_wrap=True)
 
 
+def _rank_line(r: dict) -> str:
+    """One rank of a merged report: how its script ended, where it first went non-finite, what
+    its GradScaler skipped."""
+    if r["status"] == "missing":
+        return f"rank {r['rank']}: {r['note']}"
+    parts = [f"rank {r['rank']}: {r['steps']} step(s)"]
+    if r["status"] != "ok":
+        parts.append(f"the script {'raised' if r['status'] == 'raised' else 'failed'}: {r.get('error_summary')}")
+    first = r.get("first_nonfinite")
+    if first:
+        where = f"`{first['module']}` " if first.get("module") else ""
+        parts.append(f"first NaN/Inf at step {first['step']} ({where}{first['phase']})")
+    if r.get("skipped_steps"):
+        shown = ", ".join(map(str, r["skipped_steps"][:8])) + (" …" if len(r["skipped_steps"]) > 8 else "")
+        parts.append(f"GradScaler skipped step(s) {shown}")
+    return "; ".join(parts)
+
+
 def render_verdict(console: Console, report: dict) -> None:
     bad = bool(report["findings"] or report["first_nonfinite"])
     style = "bold red" if bad else "bold yellow" if _all_skipped(report) else "bold green"
@@ -217,8 +238,13 @@ def render_verdict(console: Console, report: dict) -> None:
 
 def render(console: Console, report: dict, limit: int = 10) -> None:
     render_verdict(console, report)
+    ranks = report.get("ranks") or []
+    per_rank = " per rank" if ranks else ""
     _wrapped(console, f"target {report['target_dtype']} · dtypes seen: {', '.join(report['dtypes_seen']) or '-'} · "
-             f"{report['steps']} step(s) · {report['transfers']} host transfer(s)", indent="  ")
+             + (f"{len(ranks)} ranks · " if ranks else "")
+             + f"{report['steps']} step(s) · {report['transfers']} host transfer(s){per_rank}", indent="  ")
+    for r in ranks:
+        _wrapped(console, _rank_line(r), indent="      ", first="  ")
     origin = report.get("op_origin")
     if origin and origin.get("op"):
         note = f" ({origin['note']})" if origin.get("note") else ""
@@ -233,6 +259,10 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
             if f.get("module"):
                 where.append(f["module"])
             where.append(f"{f['phase']}, step {f['step']}")
+            if ranks and f.get("rank") is not None:
+                others = [r for r in f.get("ranks") or [] if r != f["rank"]]
+                where.append(f"rank {f['rank']}" + (f" (also {', '.join(map(str, others))})" if others else "")
+                             + (f", after rank {f['follows']['rank']}" if f.get("follows") else ""))
             _wrapped(console, " · ".join(where), indent="    ", first="", style="yellow")
             _wrapped(console, f["message"], indent="  ", first="  ")
     worst = table_rows(report, limit)
@@ -240,16 +270,22 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
         console.print()
         console.print("[bold]worst layers[/bold]" + ("  (> where NaN/Inf first appeared)" if any(
             r.get("origin") for r in worst) else ""), highlight=False)
-        lines = layer_table(worst, max(40, console.width))
+        lines = layer_table(worst, max(40, console.width), ranks=bool(ranks))
         console.print(f"[dim]{escape(lines[0])}[/dim]", highlight=False, soft_wrap=True)
         for ln, r in zip(lines[1:], worst):
             s = "bold red" if r.get("origin") else ("red" if sum(r["nonfinite"].values()) else None)
             console.print(f"[{s}]{escape(ln)}[/{s}]" if s else escape(ln), highlight=False, soft_wrap=True)
         _wrapped(console, "ovf: values beyond the target's largest finite value; unf: nonzero values below its "
-                 "smallest normal; nan/inf: counts; headroom: log2(max / absmax)", indent="  ", style="dim")
+                 "smallest normal; nan/inf: counts; headroom: log2(max / absmax)"
+                 + ("; rank: the rank holding the NaN/Inf or the largest |value| (the others' are in the "
+                    "JSON)" if ranks else ""), indent="  ", style="dim")
     if report.get("not_traced"):
         _wrapped(console, f"not traced (ran inside torch.compile): {', '.join(report['not_traced'])}", indent="  ")
     scaler = report.get("scaler")
     if scaler:
-        _wrapped(console, f"GradScaler: scale {_num(scaler['initial_scale'])} → {_num(scaler['final_scale'])}, "
+        whose = f" (rank {report['first_nonfinite']['rank']})" if ranks and report.get("first_nonfinite") else \
+            f" (rank {ranks[0]['rank']})" if ranks else ""
+        _wrapped(console, f"GradScaler{whose}: scale {_num(scaler['initial_scale'])} → {_num(scaler['final_scale'])}, "
                  f"{scaler['skipped_steps']} of {len(scaler['steps'])} step(s) skipped", indent="  ")
+    for note in (report.get("distributed") or {}).get("notes", []):
+        _wrapped(console, note, indent="  ", first="  ", style="dim")

@@ -151,13 +151,15 @@ class Namer:
             if rid in done or (label is None and rid in index):
                 continue  # already named inside a tree found before
             done.add(rid)
+            data_parallel = _data_parallel(root)
             try:
-                subs = [(_strip(path), sub) for path, sub in root.named_modules()]
+                subs = [(_strip(path, data_parallel), sub) for path, sub in root.named_modules()]
             except Exception:  # a module whose named_modules() fails: leave it to the others
                 continue
             tree = self._trees.get(rid)
             if tree is None or tree.ref() is not root:
-                inner = getattr(root, "_orig_mod", None)  # torch.compile's wrapper: the class it wraps
+                # torch.compile's and DDP's wrappers: the class they wrap
+                inner = root.module if data_parallel else getattr(root, "_orig_mod", None)
                 cls = type(inner if isinstance(inner, torch.nn.Module) else root).__name__
                 tree = self._trees[rid] = Tree(len(self._trees), cls, label, len(subs),
                                                weakref.ref(root))
@@ -171,7 +173,7 @@ class Namer:
             if want_params:
                 try:
                     for name, p in root.named_parameters():
-                        name = _strip(name)
+                        name = _strip(name, data_parallel)
                         have = pindex.get(id(p))
                         if have is None or have[1].size < tree.size:
                             pindex[id(p)] = (p, tree, name)
@@ -282,12 +284,29 @@ class Namer:
         return self._param_label.get(pkey) or f"(parameter #{pkey})"
 
 
-def _strip(path: str) -> str:
-    """A path without torch.compile's wrapper: ``encoder._orig_mod.layer.0`` is ``encoder.layer.0``
-    (the wrapper and the module it wraps share a name)."""
-    if "_orig_mod" not in path:
+# components that wrappers add to the paths of the modules they wrap: torch.compile's, FSDP's
+# (``use_orig_params=True`` keeps the original parameters under them), activation checkpointing's
+_WRAPPER_PARTS = frozenset(("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"))
+
+
+def _data_parallel(root) -> bool:
+    """DistributedDataParallel or DataParallel: the model is their ``module``."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    return isinstance(root, (DistributedDataParallel, DataParallel)) and isinstance(
+        getattr(root, "module", None), torch.nn.Module)
+
+
+def _strip(path: str, data_parallel: bool = False) -> str:
+    """A path as the model's author knows it, without the wrappers' components:
+    ``encoder._orig_mod.layer.0`` is ``encoder.layer.0``, FSDP's ``_fsdp_wrapped_module.h.0`` is
+    ``h.0``, and inside DDP, ``module.h.0`` is ``h.0`` (a wrapper and the module it wraps share
+    a name)."""
+    if data_parallel and (path == "module" or path.startswith("module.")):
+        path = path[7:]
+    if not any(w in path for w in _WRAPPER_PARTS):
         return path
-    return ".".join(p for p in path.split(".") if p != "_orig_mod")
+    return ".".join(p for p in path.split(".") if p not in _WRAPPER_PARTS)
 
 
 def _join(tree: Tree, path: str) -> str:

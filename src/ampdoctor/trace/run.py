@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from ampdoctor.trace.tracer import StopTracing, Tracer
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived while the script ran (torchrun stopping the other ranks after one failed)."""
+
+
 @dataclass
 class ScriptResult:
     exit_code: int  # the script's own exit code (0 when it ended normally or was stopped by --max-steps)
@@ -102,6 +106,8 @@ def _run(path: str, args: list[str], tracer: Tracer) -> ScriptResult:
         return ScriptResult(1, str(code), False, str(code))
     except KeyboardInterrupt:
         return ScriptResult(130, "KeyboardInterrupt", False, "KeyboardInterrupt")
+    except Terminated:
+        return ScriptResult(143, "terminated by SIGTERM", False, "terminated by SIGTERM")
     except BaseException as exc:  # the script's own error: report it, then the trace
         tb = traceback.TracebackException.from_exception(exc)
         # hide ampdoctor's and runpy's frames: the user wants their own

@@ -49,8 +49,10 @@ class StepWithoutUpdate(ScalerFlow):
                     continue  # update earlier in the loop body, for the previous step
             elif e.scaler in updated:
                 continue  # the update lives in another function (a split step/update protocol)
-            elif not self._built_here():
-                continue  # the scaler comes from another file, and so does its protocol's update
+            if e.scaler not in updated and not self._built_here():
+                # the scaler comes from another file, and so does its protocol's update: mmgen's
+                # `train_step(..., loss_scaler)` steps in a loop, its runner updates once per iteration
+                continue
             # an update later in the function, outside this round (once per epoch): with one more
             # update after the step it would run with no step before it and raise, so the fix moves it
             stale = [o for o in protocol if o.kind == "update" and o.scaler == e.scaler and o not in same

@@ -224,6 +224,7 @@ class CheckpointMissingScaler(Rule):
         # def -> the optimizers of its reported checkpoints: the checkpoint of another optimizer in
         # the same def (G and D, one scaler) needs no second report, the same one saved twice does
         reported: dict[int, set[str]] = {}
+        helpers: set[tuple[int, str]] = set()
         for save in self.saves:
             d = save.call if save.optimizer_given else self._dict_of(save)
             if d is None or id(d) in seen:
@@ -235,6 +236,11 @@ class CheckpointMissingScaler(Rule):
             if save.func_id in self.saved_defs or save.klass is not None and save.klass in self.saved_classes:
                 continue  # the scaler state is saved next to it
             seen.add(id(d))
+            q = self.ctx.names.qualified(save.call.func) or dotted_name(save.call.func) or ""
+            if q not in _SAVE:  # `save_model(epoch, model, dir, optimizer)` twice in a def: one fix, in the helper
+                if (save.func_id, q) in helpers:
+                    continue
+                helpers.add((save.func_id, q))
             opt = self._optimizer_text(save, d)
             done = reported.setdefault(save.func_id, set())
             if done and opt not in done:

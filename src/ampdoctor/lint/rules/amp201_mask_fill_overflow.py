@@ -146,6 +146,8 @@ class MaskFillOverflow(Rule):
                 continue
             if c.cast is None and (self._wide(c.recv, flow, c.call, 0) or self._integer_like(c.recv)):
                 continue
+            if not c.additive and c.cast is None and self._bool_mask_times_float(c):
+                continue
             if c.additive and any(mu.is_upcast(names, n) for n in h.walk(c.recv, enter_scopes=True)):
                 continue  # `(1.0 - mask.float()) * -1e9` stays float32
             found.append((c, v))
@@ -183,6 +185,21 @@ class MaskFillOverflow(Rule):
         if flow is not None:
             consts = mu.local_constants(self.ctx.names, flow, consts, flow.pos(call), _GUARD_WORDS)
         return mu.const_value(self.ctx.names, value, consts)
+
+    @staticmethod
+    def _bool_mask_times_float(c: _Candidate) -> bool:
+        """``(mask * 1.0).masked_fill(mask, -1e9)``: ``mask`` is the boolean mask of the fill, so
+        the product with a Python float is float32 (petals' Falcon block), whatever autocast does."""
+        recv = c.recv
+        if not isinstance(recv, cst.BinaryOperation) or not isinstance(recv.operator, (cst.Multiply, cst.Add)):
+            return False
+        sides = (recv.left, recv.right)
+        if not any(isinstance(x, cst.Float) for x in sides):
+            return False
+        other = next(x for x in sides if not isinstance(x, cst.Float))
+        call = c.call
+        mask = call.args[0].value if isinstance(call, cst.Call) and call.args else None
+        return mask is not None and dotted_name(other) is not None and dotted_name(other) == dotted_name(mask)
 
     @staticmethod
     def _integer_like(expr) -> bool:
