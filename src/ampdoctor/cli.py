@@ -519,7 +519,11 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
             raise click.exceptions.Exit(result.exit_code)
         reports = dist_trace.wait_for_ranks(folder, info.world_size, merge_timeout)
         merged = dist_trace.merge(reports, info.world_size)
-        merged["script"] = dict(report["script"], run_dir=folder)
+        kept = run_dir or os.environ.get(dist_trace.RUN_DIR_ENV)
+        if not kept:  # the default folder: nothing in it is needed once merged
+            import shutil
+            shutil.rmtree(folder, ignore_errors=True)
+        merged["script"] = dict(report["script"], run_dir=kept or None)
         _finish_trace(merged, fmt, output, width, kinds, result.exit_code, result.error)
     _finish_trace(report, fmt, output, width, kinds, result.exit_code, result.error)
 
@@ -533,6 +537,7 @@ def _launch(script, args, nproc, launcher, opts, folder, fmt, output):
 
     from ampdoctor.trace import distributed as dist_trace
 
+    keep = folder is not None
     folder = folder or tempfile.mkdtemp(prefix="ampdoctor-run-")
     os.makedirs(folder, exist_ok=True)
     for name in os.listdir(folder):  # reports of an earlier run would pass for this one's
@@ -549,17 +554,25 @@ def _launch(script, args, nproc, launcher, opts, folder, fmt, output):
         code = 130
     world = _world_size(folder, nproc, launcher)
     reports = dist_trace.read_rank_reports(folder, world)
+    if not keep:
+        import shutil
+        shutil.rmtree(folder, ignore_errors=True)
     if not any(reports.values()):
-        raise AmpdoctorError(f"no rank left a report in {folder} (the launcher exited with {code})")
+        raise AmpdoctorError(f"no rank left a report (the launcher exited with {code})")
     merged = dist_trace.merge(reports, world)
     failure = dist_trace.first_failure(reports)
+    missing = merged["distributed"]["missing_ranks"]
+    summary = f"rank {failure[0]}: {dist_trace.first_line(failure[1]['error_summary'])}" if failure else None
+    if missing:  # a rank that left no report was killed or crashed: the likeliest cause
+        gone = f"rank {', '.join(map(str, missing))} ended without a report (killed or crashed)"
+        summary = f"{gone}; {summary}" if summary else gone
     merged["script"] = {"path": script, "args": args, "exit_code": code,
                         "error": f"rank {failure[0]}: {failure[1]['error']}" if failure else None,
-                        "error_summary": f"rank {failure[0]}: {dist_trace.first_line(failure[1]['error_summary'])}"
-                        if failure else (f"launcher exit code {code}" if code else None),
+                        "error_summary": summary or (f"launcher exit code {code}" if code else None),
                         "stopped_by_max_steps": any(rep and rep["script"].get("stopped_by_max_steps")
                                                     for rep in reports.values()),
-                        "run_dir": folder, "launcher": ["torch.distributed.run", "--nproc-per-node", nproc, *launcher]}
+                        "run_dir": folder if keep else None,
+                        "launcher": ["torch.distributed.run", "--nproc-per-node", nproc, *launcher]}
     return merged, code
 
 
@@ -576,17 +589,13 @@ def _world_size(folder: str, nproc: str, launcher: list[str]) -> int:
 def _finish_trace(report, fmt, output, width, kinds, exit_code, error=None) -> None:
     """Write the report, print the verdict, and exit: the script's own exit code when it failed,
     else 1 when a --fail-on kind was found, else 0."""
-    if fmt == "json":
-        _emit(json.dumps(report, indent=2) + "\n", output)
-    elif fmt == "html":
-        from ampdoctor.report import trace_html
-        _emit(trace_html.render(report), output)
+    if fmt != "text" or output:
+        from ampdoctor.trace import output as trace_output
+        text_width = width if width is not None else _trace_console(io.StringIO(), None).width
+        _emit(trace_output.render(report, fmt, text_width), output)
     else:
         from ampdoctor.report import trace_text
-        buf = io.StringIO() if output else None
-        trace_text.render(_trace_console(buf if buf is not None else sys.stdout, width), report)
-        if buf is not None:
-            _emit(buf.getvalue(), output)
+        trace_text.render(_trace_console(sys.stdout, width), report)
     if output:  # the terminal still says what was found, and where the report went
         from ampdoctor.report import trace_text
         console = _trace_console(sys.stdout, width, plain=not sys.stdout.isatty())

@@ -367,6 +367,8 @@ def _find_roots(frame=None, tensors: dict | None = None) -> list[tuple[str | Non
             continue
         seen.add(oid)
         budget -= 1
+        if isinstance(obj, weakref.ProxyTypes):
+            continue  # `weakref.proxy(trainer)` (Lightning): passes for what it points to, cannot be weakly referenced
         if isinstance(obj, torch.nn.Module):
             out.append((label, obj))
             continue
