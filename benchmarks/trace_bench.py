@@ -2,8 +2,12 @@
 torch.autograd.detect_anomaly, on a GPT-like model with eager attention in two sizes, training,
 and the small one in an evaluation loop (forward under no_grad).
 
-    python benchmarks/trace_bench.py [--reps 15] [--block 5] [--device cpu|cuda] [--only compute|overhead]
-                                     [--amp auto|fp16|bf16|off]
+    python benchmarks/trace_bench.py [--reps 15] [--block 5] [--device cpu|cuda] [--only compute|overhead|ranks]
+                                     [--amp auto|fp16|bf16|off] [--ranks 2]
+
+``--ranks N`` (default 2, 0 to skip) adds a DDP job of N processes over gloo on the CPU: each rank
+times untraced and traced steps of the overhead-bound model, interleaved, and counts the
+collectives issued from Python during its steps, next to one process timed the same way.
 
 Runs inside benchmarks/.venv (created on first use). Times forward + backward + optimizer
 step, interleaving the four configurations, and reports medians after warm-up, the ratio to
@@ -127,7 +131,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--only", choices=["compute", "overhead"], help="run one of the two sizes")
+    ap.add_argument("--only", choices=["compute", "overhead", "ranks"], help="run one of the sections")
+    ap.add_argument("--ranks", type=int, default=2, help="processes of the DDP (gloo) section; 0 skips it")
     ap.add_argument("--block", type=int, default=5, help="steps per block inside one context")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
@@ -161,6 +166,8 @@ def main() -> None:
                f"after {args.warmup} warm-up blocks, and the table gives the median step.", ""]
     for label, cfg in SIZES.items():
         if args.only and not label.startswith(args.only):
+            continue
+        if args.only == "ranks":
             continue
         torch.manual_seed(0)
         model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"]).to(dev)
@@ -233,8 +240,125 @@ def main() -> None:
             del opt
             lines += evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, sync)
             print("\n".join(lines[-8:]), flush=True)
+    if args.ranks > 1 and args.only in (None, "ranks"):
+        lines += ranks_section(args, amp_dtype)
+        print("\n".join(lines[-(args.ranks + 8):]), flush=True)
     if not args.only:  # a partial run does not replace the recorded tables
         bench_env.write_results(f"trace-{args.device}", "\n".join(lines))
+
+
+# -- a DDP job over gloo -----------------------------------------------------------------------
+_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "gather", "gather_object", "broadcast",
+                "broadcast_object_list", "reduce", "scatter", "barrier", "all_to_all", "reduce_scatter")
+
+
+def _rank_worker(rank: int, world: int, port: int, args, amp_dtype, out_dir: str) -> None:
+    """One rank: the overhead-bound model in DDP, untraced and traced blocks interleaved."""
+    import json
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    times, collectives = _timed_blocks(args, amp_dtype, wrap=DistributedDataParallel, rank=rank)
+    dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
+        json.dump({"times": times, "collectives": collectives}, f)
+
+
+def _timed_blocks(args, amp_dtype, wrap=None, rank=0):
+    """Median-ready step times of untraced and traced blocks (interleaved) of the overhead-bound
+    model on the CPU, and the collectives issued from Python per step in each configuration."""
+    import torch.distributed as dist
+
+    cfg = SIZES["overhead-bound (2 layers, d=128, 4 heads, seq 64, batch 2)"]
+    torch.manual_seed(0)
+    model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"])
+    if wrap is not None:
+        model = wrap(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(rank)
+    idx = torch.randint(0, 2048, (cfg["batch"], cfg["seq"]), generator=g)
+    counts = {"untraced": 0, "ampdoctor Tracer": 0}
+    current = ["untraced"]
+    saved = {}
+    if wrap is not None:
+        for n in _COLLECTIVES:
+            orig = getattr(dist, n, None)
+            if orig is None:
+                continue
+            saved[n] = orig
+
+            def counting(*a, _orig=orig, **k):
+                counts[current[0]] += 1
+                return _orig(*a, **k)
+            setattr(dist, n, counting)
+
+    def step():
+        with torch.autocast("cpu", dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            logits = model(idx)
+        loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer}
+    times = {k: [] for k in configs}
+    steps = {k: 0 for k in configs}
+    for rep in range(args.warmup + args.reps):
+        for name in (list(configs) if rep % 2 == 0 else list(configs)[::-1]):
+            current[0] = name
+            with configs[name]():
+                for _ in range(args.block):
+                    t0 = time.perf_counter()
+                    step()
+                    if rep >= args.warmup:
+                        times[name].append(time.perf_counter() - t0)
+                        steps[name] += 1
+    for n, f in saved.items():
+        setattr(dist, n, f)
+    return times, {k: counts[k] / max(1, steps[k] + args.warmup * args.block) for k in counts}
+
+
+def ranks_section(args, amp_dtype) -> list[str]:
+    import json
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    world = args.ranks
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    single, _ = _timed_blocks(args, amp_dtype)  # one process, one thread: the reference
+    torch.set_num_threads(threads)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_rank_worker, args=(world, port, args, amp_dtype, out), nprocs=world, join=True)
+        per_rank = [json.load(open(f"{out}/rank-{r}.json")) for r in range(world)]
+    base = statistics.median(single["untraced"])
+    ratio1 = statistics.median(single["ampdoctor Tracer"]) / base
+    lines = [f"### DDP over gloo, {world} ranks on the CPU (overhead-bound model, one torch thread per rank)", "",
+             "Each rank interleaves untraced and traced blocks of its own steps (DDP all-reduces the gradients "
+             "in both); a single process of the same model, one thread, is timed the same way first. "
+             "Collectives: calls of torch.distributed's Python collectives per step (DDP's own all-reduce runs "
+             "in C++ and is not counted).", "",
+             "| process | untraced step | traced step | ratio | Python collectives per step (untraced / traced) |",
+             "|---|---|---|---|---|",
+             f"| single process | {base * 1000:.1f} ms | {statistics.median(single['ampdoctor Tracer']) * 1000:.1f} ms "
+             f"| {ratio1:.2f}x | - |"]
+    for r, res in enumerate(per_rank):
+        u, t = statistics.median(res["times"]["untraced"]), statistics.median(res["times"]["ampdoctor Tracer"])
+        c = res["collectives"]
+        lines.append(f"| rank {r} of {world} | {u * 1000:.1f} ms | {t * 1000:.1f} ms | {t / u:.2f}x "
+                     f"| {c['untraced']:g} / {c['ampdoctor Tracer']:g} |")
+    lines.append("")
+    return lines
 
 
 class HFContext:

@@ -435,7 +435,8 @@ _TORCHRUN = (("nnodes", "--nnodes"), ("node_rank", "--node-rank"), ("master_addr
 @click.option("--ops", is_flag=True, help="Replay the first bad module call to name the aten op or autograd node "
               "(slower: syncs, and keeps each call's inputs until the step ends).")
 @click.option("--no-grads", is_flag=True, help="Do not collect gradient statistics.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]),
+              help="Report format (default: text, or what the name given to -o ends with: .json, .html).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the report to this file (the terminal still gets the verdict).")
 @click.option("--width", type=click.IntRange(min=40, max=1000),
@@ -478,6 +479,9 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
                                  f"(one of: {', '.join(sorted(allowed))}, all)")
     if not os.path.isfile(script):
         raise AmpdoctorError(f"{script}: no such file")
+    if fmt is None:
+        from ampdoctor.report.trace_files import format_for
+        fmt = format_for(output) if output else "text"
     given = [flag for key, flag in _TORCHRUN if torchrun.get(key) is not None] + (["--standalone"] if standalone else [])
     if given and nproc_per_node is None:
         raise AmpdoctorError(f"{given[0]} needs --nproc-per-node (it is a launcher option)")
@@ -590,7 +594,7 @@ def _finish_trace(report, fmt, output, width, kinds, exit_code, error=None) -> N
     """Write the report, print the verdict, and exit: the script's own exit code when it failed,
     else 1 when a --fail-on kind was found, else 0."""
     if fmt != "text" or output:
-        from ampdoctor.trace import output as trace_output
+        from ampdoctor.report import trace_files as trace_output
         text_width = width if width is not None else _trace_console(io.StringIO(), None).width
         _emit(trace_output.render(report, fmt, text_width), output)
     else:

@@ -34,7 +34,7 @@ class TracedRun:
                 report = dist_trace.merge(dict(enumerate(gathered)), world)
         self.report = report
         if is_writer if is_writer is not None else rank == 0:
-            from ampdoctor.trace import output
+            from ampdoctor.report import trace_files as output
             output.write(report, self.output, self.fmt, self.width)
         return report
 

@@ -176,16 +176,49 @@ def _scaler(report: dict) -> str:
             f"{s.get('skipped_steps', 0)} of {len(steps)} step(s) skipped</p>{chart}")
 
 
+def _ranks(report: dict) -> str:
+    """A merged multi-rank report: one row per rank, and the notes about the gradients shown."""
+    ranks = report.get("ranks")
+    if not ranks:
+        return ""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{r['rank']}</td><td>{esc(r['status'])}</td><td>{esc(str(r.get('steps', '-')))}</td>"
+        f"<td>{esc(_first_text(r.get('first_nonfinite')))}</td>"
+        f"<td>{esc(', '.join(map(str, r.get('skipped_steps') or [])) or '-')}</td>"
+        f"<td>{esc(r.get('error_summary') or r.get('note') or '')}</td></tr>" for r in ranks)
+    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in (report.get("distributed") or {}).get("notes", []))
+    return ("<h2>Ranks</h2><table><tr><th>rank</th><th>status</th><th>steps</th><th>first NaN/Inf</th>"
+            f"<th>skipped steps</th><th>error</th></tr>{rows}</table>{notes}")
+
+
+def _first_text(first: dict | None) -> str:
+    if not first:
+        return "-"
+    where = f"{first['module']} " if first.get("module") else ""
+    return f"step {first['step']}: {where}({first['phase']})"
+
+
 def render(report: dict) -> str:
     esc = html.escape
+    multi = bool(report.get("ranks"))
+
+    def rank_of(f):
+        if not multi or f.get("rank") is None:
+            return ""
+        after = f", after rank {f['follows']['rank']}" if f.get("follows") else ""
+        return f", rank {f['rank']}{after}"
+
     findings = "".join(
         f"<li><b>{esc(f['kind'])}</b> {('<code>' + esc(f['module']) + '</code>') if f.get('module') else ''} "
-        f"({esc(f['phase'])}, step {f['step']}): {_md(f['message'])}</li>" for f in report["findings"]) or "<li>none</li>"
-    cols = ("module", "class", "pass", "dtype", "absmax", "min nonzero", "headroom bits", "NaN", "inf",
-            "overflow", "underflow", "calls")
+        f"({esc(f['phase'])}, step {f['step']}{esc(rank_of(f))}): {_md(f['message'])}</li>"
+        for f in report["findings"]) or "<li>none</li>"
+    cols = (("rank",) if multi else ()) + ("module", "class", "pass", "dtype", "absmax", "min nonzero",
+                                          "headroom bits", "NaN", "inf", "overflow", "underflow", "calls")
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
     body = "".join(
         f'<tr class="{_kind(r)}">' + "".join(f"<td>{esc(v)}</td>" for v in (
+            *((str(r.get("rank", "-")),) if multi else ()),
             r["module"], r["class"], r["phase"], r["dtype"] or "-", _absmax(r), _num(r["min_nonzero"]),
             _num(r["headroom_bits"]), str(r["nonfinite"]["nan"]), str(r["nonfinite"]["pinf"] + r["nonfinite"]["ninf"]),
             f"{r['overflow_fraction']:.2%}", f"{r['underflow_fraction']:.2%}", str(r["calls"]))) + "</tr>"
@@ -204,13 +237,15 @@ tr.origin td{{background:#fee2e2}} tr.nonfinite td{{background:#fef3c7}} code{{b
 <h1>ampdoctor trace report</h1>
 <p class="verdict">{_md(verdict(report))}</p>
 <p>target {esc(report['target_dtype'])}; dtypes seen: {esc(', '.join(report['dtypes_seen']) or '-')};
-{report['steps']} step(s); {report['transfers']} host transfer(s)</p>
+{(str(len(report['ranks'])) + ' ranks; ') if multi else ''}{report['steps']} step(s); {report['transfers']} host transfer(s){' per rank' if multi else ''}</p>
+{_ranks(report)}
 <h2>Findings</h2><ul>{findings}</ul>
 <h2>Value range of each layer (log2 scale) against the fp16 and bf16 limits</h2>
 {_chart(report['modules'], report['target_dtype'])}
 {_over_steps(report)}
 {_scaler(report)}
 <h2>Layers</h2><table>{head}{body}</table>
+{''.join(f'<p class="note">note: {esc(n)}</p>' for n in report.get('notes', []))}
 <script type="application/json" id="report-data">{data}</script>
 </body></html>
 """

@@ -287,5 +287,5 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
             f" (rank {ranks[0]['rank']})" if ranks else ""
         _wrapped(console, f"GradScaler{whose}: scale {_num(scaler['initial_scale'])} → {_num(scaler['final_scale'])}, "
                  f"{scaler['skipped_steps']} of {len(scaler['steps'])} step(s) skipped", indent="  ")
-    for note in (report.get("distributed") or {}).get("notes", []):
-        _wrapped(console, note, indent="  ", first="  ", style="dim")
+    for note in [*(report.get("distributed") or {}).get("notes", []), *report.get("notes", [])]:
+        _wrapped(console, f"note: {note}", indent="  ", first="  ", style="dim")

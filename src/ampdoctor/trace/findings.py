@@ -515,6 +515,12 @@ def build_report(tracer) -> dict:
         op_origin = {"module": names.get(fwd.key), "class": tracer.namer.mods[fwd.key].cls, "step": fwd.step,
                      **{k: fwd.node.get(k) for k in ("op", "produced", "note")}}
     loss = tracer.loss
+    params = param_rows(tracer, target)
+    notes = list(tracer.notes.values())
+    if any(p["param"].rsplit(".", 1)[-1] == "_flat_param" for p in params):
+        notes.append("FSDP flattened this model's parameters (use_orig_params=False): parameter gradients are "
+                     "reported per flattened parameter (`_flat_param`), not by their original names; wrap the "
+                     "model with use_orig_params=True to see each parameter.")
     return {
         "version": __version__,
         "target_dtype": target,
@@ -527,11 +533,11 @@ def build_report(tracer) -> dict:
         "first_nonfinite": _first(tracer, origins, names, findings),
         "op_origin": op_origin,
         "modules": rows,
-        "params": param_rows(tracer, target),
+        "params": params,
         "loss": {"steps": loss.steps, "dtype": ",".join(sorted(loss.dtypes)), "absmax": _num(loss.absmax),
                  "nonfinite_steps": loss.nonfinite_steps[:32]} if loss.steps else None,
         "scaler": _scaler_section(tracer, names, health),
         "not_traced": sorted(tracer.not_traced),
         "skipped_tensors": dict(sorted(tracer.skipped.items())),
-        "notes": list(tracer.notes.values()),
+        "notes": notes,
     }

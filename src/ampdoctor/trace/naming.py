@@ -159,7 +159,8 @@ class Namer:
             tree = self._trees.get(rid)
             if tree is None or tree.ref() is not root:
                 # torch.compile's and DDP's wrappers: the class they wrap
-                inner = root.module if data_parallel else getattr(root, "_orig_mod", None)
+                inner = root.module if data_parallel else getattr(root, "_orig_mod", None) or \
+                    getattr(root, "_fsdp_wrapped_module", None)
                 cls = type(inner if isinstance(inner, torch.nn.Module) else root).__name__
                 tree = self._trees[rid] = Tree(len(self._trees), cls, label, len(subs),
                                                weakref.ref(root))

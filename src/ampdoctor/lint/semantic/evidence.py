@@ -260,7 +260,11 @@ class Evidence:
         made = self.names.made_by(recv) or ""
         if made in _FACTORIES:
             return False
+        if made.startswith(("torch.", "numpy.", "np.")) and not made.rsplit(".", 1)[-1][:1].isupper():
+            return False  # `D = torch.nn.functional.normalize(D)`: a tensor, whatever its name
         if made.rsplit(".", 1)[-1][:1].isupper() or made.rsplit(".", 1)[-1] == "from_pretrained":
             return True
         last = d.rsplit(".", 1)[-1].lower()
-        return d == "self" or last in _MODEL_NAMES or any(w in last for w in _MODEL_WORDS)
+        # `G`, `D`, `m`: a GAN's nets or a model when nothing says otherwise; `D = self.doc(...)`
+        # (a function's result) is data
+        return d == "self" or (last in _MODEL_NAMES and not made) or any(w in last for w in _MODEL_WORDS)
