@@ -241,8 +241,15 @@ def main() -> None:
             lines += evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, sync)
             print("\n".join(lines[-8:]), flush=True)
     if args.ranks > 1 and args.only in (None, "ranks"):
-        lines += ranks_section(args, amp_dtype)
-        print("\n".join(lines[-(args.ranks + 8):]), flush=True)
+        section = ranks_section(args, amp_dtype)
+        lines += section
+        print("\n".join(section), flush=True)
+        if args.only == "ranks":  # its own section of RESULTS.md
+            bench_env.write_results(f"trace-ranks-{args.device}", "\n".join(
+                [f"## Tracer overhead per rank ({date.today().isoformat()})", "",
+                 f"Machine: {bench_env.machine()}; torch {torch.__version__}. {args.reps} interleaved blocks of "
+                 f"{args.block} steps per configuration after {args.warmup} warm-up blocks; median step.", "",
+                 *section]))
     if not args.only:  # a partial run does not replace the recorded tables
         bench_env.write_results(f"trace-{args.device}", "\n".join(lines))
 

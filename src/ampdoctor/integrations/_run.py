@@ -16,14 +16,15 @@ class TracedRun:
     def start(self) -> None:
         self.tracer.__enter__()
 
-    def finish(self, is_writer: bool | None = None) -> dict:
+    def finish(self, is_writer: bool | None = None, gather: bool = True) -> dict:
         """Close the tracer and build the report; in a job of several processes, gather every
         rank's report on rank 0 (one ``gather_object`` at the end of training, when every rank
-        has reached it) and merge them. The writer (rank zero by default) writes the file."""
+        has reached it) and merge them. The writer (rank zero by default) writes the file. Without
+        ``gather`` (training failed: the other ranks may never get here), each rank keeps its own."""
         self.tracer.close()
         report = self.tracer.report()
         rank, world = _rank_world()
-        if world > 1:
+        if world > 1 and gather:
             import torch.distributed as dist
 
             from ampdoctor.trace import distributed as dist_trace

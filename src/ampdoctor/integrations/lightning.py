@@ -33,3 +33,9 @@ class AmpDoctorCallback(Callback):
 
     def on_fit_end(self, trainer, pl_module):
         self.report = self._run.finish(is_writer=trainer.is_global_zero)
+
+    def on_exception(self, trainer, pl_module, exception):
+        """The fit failed: take the hooks off and write what ran before (this rank's own report;
+        no gather, as the other ranks may never reach one)."""
+        if self.report is None:
+            self.report = self._run.finish(is_writer=trainer.is_global_zero, gather=False)
