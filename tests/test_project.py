@@ -177,3 +177,29 @@ def test_helpers_of_a_test_folder_count_as_tests(tmp_path):
     ''')
     assert [d.code for d in lint_text(src, "models/common/optimization.py").diagnostics] == ["AMP312"]
     assert [d.code for d in lint_text(src, "test/models/common/optimization.py").diagnostics] == []
+
+
+def test_a_script_importing_a_module_the_project_no_longer_has_is_left_out(tmp_path):
+    """ColossalChat's community example imports `coati.models.bloom`, which its `coati` lost in a
+    refactoring: the script cannot run, so its findings cannot happen. Imports that resolve, a
+    compiled extension beside the package, optional imports in `try` and other projects' packages
+    keep their findings."""
+    fp16 = "actor = Actor().to(torch.float16)\noptim = Adam(actor.parameters(), lr=1e-5)\n"
+    root = _project(tmp_path, {
+        "coati/__init__.py": "", "coati/models/__init__.py": "", "coati/models/base.py": "",
+        "coati/ops/nms.pyx": "",
+        "examples/old.py": "import torch\nfrom torch.optim import Adam\nfrom coati.models.bloom import Actor\n" + fp16,
+        "examples/new.py": "import torch\nfrom torch.optim import Adam\nfrom coati.models.base import Actor\n" + fp16,
+        "examples/ext.py": "import torch\nfrom torch.optim import Adam\nfrom coati.ops.nms import Actor\n" + fp16,
+        "examples/opt.py": "import torch\nfrom torch.optim import Adam\ntry:\n    from coati.models.bloom import Actor\n"
+                           "except ImportError:\n    from coati.models.base import Actor\n" + fp16,
+        "examples/other.py": "import torch\nfrom torch.optim import Adam\nfrom peft.tuners.lora import Actor\n" + fp16,
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    kept = sorted({Path(d["path"]).name for d in doc["diagnostics"]})
+    assert kept == ["ext.py", "new.py", "opt.py", "other.py"]
+    assert {u["definition"] for u in doc["unreferenced"]} == {
+        "old.py (imports coati.models.bloom, which the project lacks)"}
+    code, out = _lint(root)
+    assert "in scripts that import modules the project no longer has not shown" in " ".join(out.split())

@@ -365,6 +365,71 @@ class Project:
         self._memo[key] = hit
         return hit
 
+    def _modules(self) -> dict[str, set[str]]:
+        """Dotted name -> the folders holding it, for every module and package of the project
+        under every name it could be imported by (``coati.models.base``, ``models.base``...)."""
+        hit = self._memo.get("modules")
+        if hit is None:
+            hit = {}
+            for f in self.files:
+                if not f.endswith(".py"):
+                    continue
+                parts = Path(f).parts
+                chain = [*parts[:-1], parts[-1][:-3]]
+                for end in range(len(chain), 0, -1):  # the module, then each folder above it
+                    if chain[end - 1] == "__init__":
+                        continue
+                    for start in range(max(0, end - 6), end):
+                        hit.setdefault(".".join(chain[start:end]), set()).add(
+                            os.path.join(*parts[:start]) if start else os.sep)
+            self._memo["modules"] = hit
+        return hit
+
+    def unresolved_import(self, path: str, tree: ast.Module) -> str | None:
+        """A module-level absolute import of the project's own package that names a module the
+        project does not have (``from coati.models.bloom import ...`` where ``coati/models`` has
+        no ``bloom``): a script left behind by a refactoring, which cannot run. Imports inside
+        ``try`` (optional fallbacks) do not count, nor a top-level name that is only a folder."""
+        key = ("imports", path)
+        if key in self._memo:
+            return self._memo[key]
+        mods = self._modules()
+        found = None
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if len(parts) < 3 or name in mods:
+                    continue
+                have = max((k for k in range(1, len(parts)) if ".".join(parts[:k]) in mods), default=0)
+                if have < 2:
+                    continue  # not the project's package (or only a folder of that name)
+                if not self._leaf_exists(mods[".".join(parts[:have])], parts[:have], parts[have]):
+                    found = name
+                    break
+            if found:
+                break
+        self._memo[key] = found
+        return found
+
+    @staticmethod
+    def _leaf_exists(bases: set[str], prefix: list[str], leaf: str) -> bool:
+        """Anything named ``leaf`` beside the package (a compiled extension, a .pyx, a data folder)."""
+        for base in bases:
+            folder = os.path.join(base, *prefix)
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            if any(n == leaf or n.startswith(leaf + ".") for n in names):
+                return True
+        return False
+
     def method_referenced(self, cls: _Def, method: ast.AST) -> bool:
         """A private method is used when its name occurs outside itself in referenced code."""
         name = method.name
@@ -514,6 +579,12 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
             for d, _ in chains:
                 drop.add(id(d))
                 hidden.append(Hidden(d, os.path.basename(path) + " (never imported)"))
+            continue
+        stale = proj.unresolved_import(path, tree)
+        if stale is not None:  # it cannot run: its findings cannot happen
+            for d, _ in chains:
+                drop.add(id(d))
+                hidden.append(Hidden(d, f"{os.path.basename(path)} (imports {stale}, which the project lacks)"))
             continue
         for d, chain in chains:
             if not chain:

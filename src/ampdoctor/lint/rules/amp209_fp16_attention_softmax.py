@@ -175,10 +175,18 @@ class Fp16AttentionSoftmax(Rule):
         kinds = []
         for op in ops:
             exprs = [op]
-            for name in mu.expr_names(op):
-                b = flow.binding_at(name, at)
-                if b is not None and b.value is not None:
-                    exprs.append(b.value)
+            # back through the operand's own earlier values: `q = q * self.scale` then
+            # `q = rotary(q)` (a rotation, a reshape) still multiplies the scaled query
+            todo, seen = [(name, at) for name in mu.expr_names(op)], set()
+            while todo and len(seen) < 12:
+                name, pos = todo.pop()
+                b = flow.binding_at(name, pos)
+                if b is None or b.value is None or (name, b.start) in seen:
+                    continue
+                seen.add((name, b.start))
+                exprs.append(b.value)
+                if name in mu.expr_names(b.value):
+                    todo.append((name, b.start))
             kinds.append({k for e in exprs for k in _operand_kinds(self.ctx.names, e)})
         if all("unit" in k for k in kinds):
             return True
