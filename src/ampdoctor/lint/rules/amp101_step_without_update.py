@@ -49,7 +49,7 @@ class StepWithoutUpdate(ScalerFlow):
                     continue  # update earlier in the loop body, for the previous step
             elif e.scaler in updated:
                 continue  # the update lives in another function (a split step/update protocol)
-            if e.scaler not in updated and not self._built_here():
+            if e.scaler not in updated and not self._built_here() and not e.extra.get("data_loop"):
                 # the scaler comes from another file, and so does its protocol's update: mmgen's
                 # `train_step(..., loss_scaler)` steps in a loop, its runner updates once per iteration
                 continue

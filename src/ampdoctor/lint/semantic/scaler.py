@@ -218,6 +218,24 @@ def reaches(a: Event, b: Event) -> bool:
     return True
 
 
+_DATA_WORDS = ("loader", "data", "batch", "dataset", "iterator", "iter", "dl", "sample", "epoch", "tqdm")
+
+
+def _data_loop(loop: cst.CSTNode) -> bool:
+    """A loop over the data (``for batch in loader``, ``enumerate(train_dl)``, a ``range`` whose
+    body draws ``next(it)``): one pass is one training iteration, so its update cannot be the
+    caller's. ``for _ in range(self.gen_steps)`` is a round of steps inside one iteration."""
+    if isinstance(loop, cst.For):
+        words = [w.lower() for w in h.names_in(loop.iter)]
+        if any(any(d in w for d in _DATA_WORDS) for w in words if w not in ("range", "len", "enumerate")):
+            return True
+        body = loop.body
+    else:
+        body = loop.body  # type: ignore[attr-defined]
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "next"
+               for n in h.walk(body))
+
+
 def _loop_names(target: cst.BaseExpression) -> set[str]:
     if isinstance(target, cst.Name):
         return {target.value.lower()}
@@ -336,6 +354,8 @@ class ScalerFlow(Rule):
         region, loop, anc = self._context()
         if kind in ("step", "unscale", "update"):
             extra["round"] = self._round(node, region)
+            loop_node = next((p for p in self.ctx.ancestors() if id(p) == extra["round"]), None)
+            extra["data_loop"] = isinstance(loop_node, h.LOOPS) and _data_loop(loop_node)
         self.events.append(Event(
             kind, node, scaler, arg, id(region), id(loop) if loop is not None else None, len(self.events),
             h.branch_path(self.ctx), self._conds(region, loop), frozenset(anc), self._exits(region),
