@@ -75,10 +75,19 @@ def trace_reports():
 
     from ampdoctor.cli import main
 
+    import subprocess
+    import sys
+
     reports = {}
     for script in TRACE_SCENARIOS:
-        r = CliRunner().invoke(main, ["trace", "--format", "json", "--ops", str(script)])
-        reports[script.stem] = json.loads(r.stdout)
+        args = ["trace", "--format", "json", "--ops", str(script)]
+        if "init_process_group" in script.read_text():
+            # a process group of one: in a process of its own, not in the test runner's
+            out = subprocess.run([sys.executable, "-m", "ampdoctor", *args], capture_output=True, text=True,
+                                 timeout=240).stdout
+        else:
+            out = CliRunner().invoke(main, args).stdout
+        reports[script.stem] = json.loads(out)
     return reports
 
 
