@@ -230,3 +230,46 @@ def test_lightning_callback_writes_the_report(tmp_path):
     assert html.lower().startswith("<!doctype html>") and "net.0" in html
     # Lightning keeps weakref proxies of the trainer: naming must not trip over them
     assert cb.report["optimizer_steps"] == 4 and not cb.report["notes"]
+
+
+def test_fsdp_parameters_keep_their_names_or_the_report_says_why_not(tmp_path):
+    """FSDP over gloo on the CPU: with use_orig_params=True the parameters and modules keep the
+    model's names (no `_fsdp_wrapped_module`); with flattened parameters the report says it can
+    only name `_flat_param`."""
+    script = tmp_path / "fsdp_train.py"
+    script.write_text(textwrap.dedent('''
+        import sys
+        import torch
+        import torch.distributed as dist
+        from torch import nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        orig = sys.argv[1] == "orig"
+        model = FSDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), use_orig_params=orig,
+                     device_id=torch.device("cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(8, 16)).float().pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        dist.destroy_process_group()
+    '''))
+    for mode in ("orig", "flat"):
+        out = tmp_path / f"{mode}.json"
+        p = subprocess.run([sys.executable, "-m", "ampdoctor", "trace", "--nproc-per-node", "2", "--standalone",
+                            "-o", str(out), str(script), mode], capture_output=True, text=True, env=_env(),
+                           cwd=tmp_path, timeout=240)
+        assert p.returncode == 0, p.stderr
+        r = json.loads(out.read_text())
+        names = {m["module"] for m in r["modules"]}
+        assert {"0", "1", "2"} <= names and not any("_fsdp" in n for n in names)
+        params = [x["param"] for x in r["params"]]
+        if mode == "orig":
+            assert sorted(params) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+            assert not any("flat" in n for n in r["notes"])
+        else:
+            assert params == ["_flat_param"] and any("use_orig_params=True" in n for n in r["notes"])
