@@ -23,8 +23,15 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with gloo is needed")
 
 
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "AMPDOCTOR_RUN_DIR", "AMPDOCTOR_MERGE")
+
+
 def _env():
-    return dict(os.environ, OMP_NUM_THREADS="1", NO_COLOR="1", COLUMNS="100")
+    """The test runner's environment without what an earlier in-process run may have left of a
+    launcher's variables (a process group of one sets RANK/MASTER_PORT)."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith("TORCHELASTIC_")}
+    return dict(env, OMP_NUM_THREADS="1", NO_COLOR="1", COLUMNS="100")
 
 
 def _trace(tmp_path, *args, launcher=True):
@@ -42,7 +49,7 @@ def _trace(tmp_path, *args, launcher=True):
 
 def test_rank_1_overflowing_at_step_2_is_named_with_its_layer(tmp_path):
     p, r = _trace(tmp_path)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 0, p.stderr[-3000:]
     # the terminal gets the merged verdict: the rank, the step and the layer
     assert "NaN/Inf first appeared in `0` (forward, step 2, rank 1)." in p.stdout
     first = r["first_nonfinite"]
@@ -79,7 +86,7 @@ def test_healthy_ddp_run_under_a_bare_torchrun_is_merged_by_rank_0(tmp_path):
 
 def test_a_rank_that_raises_keeps_the_other_ranks_data(tmp_path):
     p, r = _trace(tmp_path, "--fault", "raise")
-    assert p.returncode != 0
+    assert p.returncode != 0 and r is not None, p.stderr[-3000:]
     assert r["ranks"][1]["status"] == "raised" and "a bad batch at step 2" in r["ranks"][1]["error_summary"]
     assert r["ranks"][0]["steps"] >= 2  # rank 0's steps before the failure are still reported
     assert r["script"]["error_summary"].startswith("rank 1: RuntimeError: rank 1: a bad batch")
@@ -88,7 +95,7 @@ def test_a_rank_that_raises_keeps_the_other_ranks_data(tmp_path):
 
 def test_a_killed_rank_is_reported_missing(tmp_path):
     p, r = _trace(tmp_path, "--fault", "kill")
-    assert p.returncode != 0
+    assert p.returncode != 0 and r is not None, p.stderr[-3000:]
     assert r["ranks"][1]["status"] == "missing" and r["distributed"]["missing_ranks"] == [1]
     assert r["ranks"][0]["steps"] >= 2
     assert "ended without a report" in r["script"]["error_summary"]

@@ -512,6 +512,8 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
     tracer = Tracer(target=target, grads=not no_grads, ops=ops, max_steps=max_steps)
     # a JSON or HTML report on standard output must stay parseable: the script's own output goes to stderr
     result = run_script(script, list(args), tracer, quiet_stdout=fmt != "text" and not output)
+    if info is not None:
+        dist_trace.hold_sigterm()
     report = tracer.report()
     report["script"] = {"path": script, "args": list(args), "exit_code": result.exit_code,
                         "error": result.error, "error_summary": result.summary,

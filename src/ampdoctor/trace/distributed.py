@@ -88,6 +88,15 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise)
 
 
+def hold_sigterm() -> None:
+    """Once the script has ended, a SIGTERM (torchrun stopping the ranks after one failed) must
+    not cut the writing of this rank's report short: it is ignored for the few seconds that takes
+    (torchrun sends SIGKILL after its grace period anyway). A script's own handler is left alone."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if getattr(handler, "__qualname__", "").startswith("stop_on_sigterm"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def read_rank_reports(folder: str, world_size: int) -> dict[int, dict | None]:
     out: dict[int, dict | None] = {}
     for r in range(world_size):

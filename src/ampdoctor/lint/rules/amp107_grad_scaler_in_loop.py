@@ -9,6 +9,7 @@ from ampdoctor.lint.semantic import config as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic.calls import epoch_loop
 from ampdoctor.lint.semantic.facts import facts_of
 
 _SCALER_METHODS = ("scale", "step", "unscale_", "update")
@@ -34,6 +35,11 @@ class GradScalerInLoop(Rule):
                         "scaler lives for one step and the loss scale restarts at its initial value each time, never "
                         "settling. Create the scaler once (in `__init__` or before the loop) and reuse it.")
 
+    per_epoch_message = ("`{c}(...)` is created anew on every call of `{f}`, which `{caller}` calls once per "
+                         "epoch: the loss scale restarts at its initial value every epoch, skipping steps again "
+                         "while it backs off, and a checkpoint of it is worth nothing. Create the scaler once, "
+                         "before the epoch loop, and pass it in.")
+
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
         if not u.is_grad_scaler_ctor(names, node):
@@ -53,6 +59,8 @@ class GradScalerInLoop(Rule):
         loop: a new scaler (scale 65536, no growth history) on every step."""
         stack = self.ctx.parents
         assign = stack[-2] if len(stack) >= 2 else None
+        if isinstance(assign, cst.IfExp) and len(stack) >= 3:  # `GradScaler() if c.mixed_precision else None`
+            assign = stack[-3]
         if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
                 and isinstance(assign.targets[0].target, cst.Name)):
             return
@@ -60,38 +68,44 @@ class GradScalerInLoop(Rule):
         if not isinstance(fn, cst.FunctionDef):
             return
         name = assign.targets[0].target.value
+        graph = facts_of(self.ctx).calls
         for n in h.walk(fn.body):
             if isinstance(n, h.LOOPS) and any(isinstance(m, cst.Name) and m.value == name for m in h.walk(n.body)):
-                return  # used in a loop of its own function: one scaler for many steps
+                # used in a loop of its own function: one scaler for many steps, unless the
+                # function is one epoch that its caller runs in an epoch loop (mozilla TTS)
+                hit = graph.loop_caller(fn, epoch_loop)
+                if hit is not None and self._escapes(fn, assign, name) is False:
+                    info = graph.function(fn)
+                    self.report(node, self.per_epoch_message.format(c=u.code(node.func), f=info.qualname,
+                                                                    caller=hit[0].qualname))
+                return
+        if self._escapes(fn, assign, name) is not False:
+            return  # it escapes (returned, stored, passed on) and may live on, or it never steps
+        hit = graph.loop_caller(fn)
+        info = graph.function(fn)
+        if hit is not None and info is not None:
+            self.report(node, self.per_call_message.format(c=u.code(node.func), f=info.qualname,
+                                                           caller=hit[0].qualname))
+
+    @staticmethod
+    def _escapes(fn: cst.FunctionDef, assign: cst.Assign, name: str) -> bool | None:
+        """False when the scaler stays local to ``fn`` and steps there; True when it escapes
+        (returned, stored, passed on: it may live on); None when it never steps."""
         # the method called on each name that is a receiver (`scaler.step`)
         receivers = {id(a.value): a.attr.value for a in h.walk(fn.body)
                      if isinstance(a, cst.Attribute) and isinstance(a.value, cst.Name)}
+        # `if scaler is not None:`, `if scaler:`: looked at, not passed on
+        tested = {id(x) for n in h.walk(fn.body) for x in _tested(n)}
         stepped = False
         for n in h.walk(fn.body):
             if isinstance(n, cst.Name) and n.value == name and n is not assign.targets[0].target:
+                if id(n) in tested:
+                    continue
                 attr = receivers.get(id(n))
                 if attr not in _LOCAL_USES:
-                    return  # the scaler escapes (returned, stored, passed on): it may live on
+                    return True
                 stepped = stepped or attr == "step"
-        if not stepped:
-            return
-        graph = facts_of(self.ctx).calls
-        info = graph.function(fn)
-        if info is None:
-            return
-        for site in info.sites:
-            caller = site.caller
-            if caller is not None and caller.node is not fn and self._in_loop(caller.node, site.call):
-                self.report(node, self.per_call_message.format(c=u.code(node.func), f=info.qualname,
-                                                               caller=caller.qualname))
-                return
-
-    @staticmethod
-    def _in_loop(root: cst.CSTNode, call: cst.Call) -> bool:
-        for n in h.walk(root):
-            if isinstance(n, h.LOOPS) and any(m is call for m in h.walk(n.body)):
-                return True
-        return False
+        return False if stepped else None
 
     def _kind(self, loop: cst.CSTNode) -> str | None:
         """"epoch" or "training" when the loop is one, else None (a loop over configurations,
@@ -179,3 +193,17 @@ class GradScalerInLoop(Rule):
                 ll for ll in rest[0].leading_lines if ll.comment is not None])
         new_loop = loop.with_changes(leading_lines=[], body=block.with_changes(body=rest))
         return FixSpec(((loop, cst.FlattenSentinel([hoisted, new_loop])),), safe=False, title=self.fix_title)
+
+
+
+def _tested(n: cst.CSTNode) -> list[cst.CSTNode]:
+    """The names a test only looks at: `x is None`, `x is not None`, a bare `if x:` / `not x`."""
+    if isinstance(n, cst.Comparison):
+        return [n.left, *(c.comparator for c in n.comparisons)]
+    if isinstance(n, (cst.If, cst.While, cst.IfExp)):
+        return [n.test]
+    if isinstance(n, cst.UnaryOperation) and isinstance(n.operator, cst.Not):
+        return [n.expression]
+    if isinstance(n, cst.BooleanOperation):
+        return [n.left, n.right]
+    return []

@@ -93,6 +93,7 @@ class CheckpointMissingScaler(Rule):
         self.scaler_classes: set[int] = set()
         # the file restores an optimizer (a resume path): only then does a lost scale matter
         self.resumes = False
+        self.made_in: list = []  # per GradScaler construction: the def whose local it is, else None
         # the `enabled=` condition of each scaler built here (None: always on)
         self.conditions: list[str | None] = []
 
@@ -113,6 +114,9 @@ class CheckpointMissingScaler(Rule):
                 self.conditions.append(u.short(en, 40) if precision else None)  # a precision mode, not the device
                 t = u.scaler_target(self.ctx)
                 self._scaler_here(scope, klass, t)
+                _, fn, _ = _where(self.ctx)
+                # a local scaler of a function (not `self.scaler`): it lives as long as one call
+                self.made_in.append(fn if t and "." not in t else None)
                 if t and t not in self.scaler_names:
                     self.scaler_names.append(t)
             return
@@ -219,6 +223,9 @@ class CheckpointMissingScaler(Rule):
             return  # no resume path restores the optimizer here: the checkpoints are not resumed from
         if facts_of(self.ctx).evidence.bf16_autocast_only:
             return  # every autocast is bfloat16: the scaler's state is worth nothing on resume
+        graph = facts_of(self.ctx).calls
+        if self.made_in and all(fn is not None and graph.run_anew(fn) is not None for fn in self.made_in):
+            return  # each scaler is made anew by a function called in a loop (AMP107): its state never outlives a call
         s = self.scaler_names[0] if len(self.scaler_names) == 1 else "scaler"
         seen: set[int] = set()
         # def -> the optimizers of its reported checkpoints: the checkpoint of another optimizer in

@@ -18,6 +18,9 @@ from ampdoctor.lint.names import Names, dotted_name
 from ampdoctor.lint.semantic.autocast import Region, autocast_call
 
 
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
 @dataclass(eq=False)
 class Function:
     node: cst.FunctionDef
@@ -183,6 +186,29 @@ class CallGraph:
                 return found
         return None
 
+    def loop_caller(self, node: cst.FunctionDef, loop_filter=None) -> "tuple[Function, cst.CSTNode] | None":
+        """An in-file caller that calls ``node`` inside one of its loops (and that loop), when one
+        does; with ``loop_filter``, only loops it accepts."""
+        fn = self.functions.get(id(node))
+        if fn is None:
+            return None
+        for site in fn.sites:
+            caller = site.caller
+            if caller is None or caller.node is node:
+                continue
+            for n in tree.walk(caller.node.body, skip=_SCOPES):
+                if isinstance(n, (cst.For, cst.While)) and any(m is site.call for m in tree.walk(n.body, skip=_SCOPES)) \
+                        and (loop_filter is None or loop_filter(n)):
+                    return caller, n
+        return None
+
+    def run_anew(self, node: cst.FunctionDef) -> "tuple[Function, cst.CSTNode] | None":
+        """The caller that runs ``node`` again and again, and its loop: any loop when ``node`` is
+        one step (it has no loop of its own), an epoch loop when ``node`` is one epoch (it loops
+        over the batches). State local to ``node`` (a GradScaler) then lives for one step or epoch."""
+        own_loop = any(isinstance(n, (cst.For, cst.While)) for n in tree.walk(node.body, skip=_SCOPES))
+        return self.loop_caller(node, epoch_loop if own_loop else None)
+
     def inherited_region(self, node: cst.FunctionDef, _seen: set[int] | None = None) -> Region | None:
         """The autocast region ``node`` runs in when every in-file call of it is inside one
         (written around the call, or itself inherited by the caller), else None. The region's
@@ -204,3 +230,10 @@ class CallGraph:
             if found is None:
                 found = Region(region.ac, region.node, region.via or site.call)
         return found
+
+
+def epoch_loop(loop: cst.CSTNode) -> bool:
+    """``for epoch in range(...)``, ``while epoch < n``: a loop over epochs."""
+    header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]  # type: ignore[attr-defined]
+    return any("epoch" in (n.value.lower() if isinstance(n, cst.Name) else "")
+               for part in header for n in [part, *tree.walk(part)])

@@ -67,8 +67,11 @@ def scaler_off(names: Names, call: cst.Call) -> bool:
 
 
 def scaler_target(ctx: Context) -> str | None:
-    """For ``S = GradScaler(...)`` (the current node being the call): ``S``."""
-    stack = ctx.parents
+    """For ``S = GradScaler(...)`` (the current node being the call): ``S``; also for
+    ``S = GradScaler() if amp else None``."""
+    stack = list(ctx.parents)
+    if len(stack) >= 3 and isinstance(stack[-2], cst.IfExp) and stack[-2].body is stack[-1]:
+        stack = stack[:-1]
     if len(stack) >= 2 and isinstance(stack[-2], cst.Assign) and stack[-2].value is stack[-1] \
             and len(stack[-2].targets) == 1:
         return dotted_name(stack[-2].targets[0].target)
