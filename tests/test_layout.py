@@ -249,3 +249,21 @@ def test_shortened_sibling_layers_stay_apart():
         lines = trace_text.layer_table([row(n) for n in names], width)[1:]
         shown = [ln.split()[0] for ln in lines]
         assert len(set(shown)) == len(names), (width, shown)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_merged_multi_rank_trace_text_fits(trace_reports, width):
+    """A report merged from two ranks (each scenario's report as rank 0 and rank 1) has a rank
+    line per rank, a rank on each finding and a rank column, all within the width."""
+    from ampdoctor.trace import distributed as dt
+
+    for name, report in trace_reports.items():
+        merged = dt.merge({0: report, 1: report}, 2)
+        lines = _render_trace(merged, width)
+        assert all(len(ln) <= width for ln in lines), (name, width, [ln for ln in lines if len(ln) > width])
+        for r in (0, 1):
+            assert any(ln.startswith(f"  rank {r}: ") for ln in lines), (name, r, lines)
+        if merged["findings"]:
+            assert any("rank 0" in ln for ln in lines if " · " in ln), name
+        header = next((ln for ln in lines if ln.split()[:2] == ["rank", "module"]), None)
+        assert header is not None, (name, width)
