@@ -4,6 +4,7 @@ import libcst as cst
 
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
+from ampdoctor.lint.semantic import vocabulary as voc
 from ampdoctor.lint.rule import FixSpec, Rule
 
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache", "torch.mps.empty_cache",
@@ -97,7 +98,16 @@ class EmptyCacheInLoop(Rule):
             return False  # an outer loop (epochs, or items around an inner loop)
         trains = any(h.method_call(n, "backward") for n in body_nodes)
         batchy = any(any(w in n for w in _BATCHY) for n in header_names)
-        return trains or batchy and any(h.method_call(n, "step", "zero_grad") for n in body_nodes)
+        return trains or batchy and any(self._optimizer_call(n) for n in body_nodes)
+
+    def _optimizer_call(self, n: cst.CSTNode) -> bool:
+        """`optimizer.step()`, `opt.zero_grad()`, `scaler.step(opt)`; not a diffusion sampler's
+        `scheduler.step(noise, t, latents)` in a denoising loop (inference, one call per step)."""
+        mc = h.method_call(n, "step", "zero_grad")
+        if mc is None:
+            return False
+        names = self.ctx.names
+        return voc.is_optimizer(names, mc[0]) or voc.is_scaler(names, mc[0])
 
     def _fix(self) -> FixSpec | None:
         st = h.statement_of(self.ctx)
