@@ -35,10 +35,10 @@ class GradScalerInLoop(Rule):
                         "scaler lives for one step and the loss scale restarts at its initial value each time, never "
                         "settling. Create the scaler once (in `__init__` or before the loop) and reuse it.")
 
-    per_epoch_message = ("`{c}(...)` is created anew on every call of `{f}`, which `{caller}` calls once per "
-                         "epoch: the loss scale restarts at its initial value every epoch, skipping steps again "
-                         "while it backs off, and a checkpoint of it is worth nothing. Create the scaler once, "
-                         "before the epoch loop, and pass it in.")
+    per_epoch_message = ("`{c}(...)` is created anew in every epoch: `{caller}` calls `{f}` once per epoch, so "
+                         "the loss scale restarts at its initial value every epoch, skipping steps again while it "
+                         "backs off, and a checkpoint of it is worth nothing. Create the scaler once, before the "
+                         "epoch loop, and pass it in.")
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
