@@ -19,6 +19,7 @@ class _Set:
     scope: int
     order: int
     branches: tuple
+    scope_node: cst.CSTNode | None = None
 
 
 def _is_setter_fp16(names, call: cst.Call, q: str) -> bool:
@@ -74,7 +75,34 @@ class DefaultDtypeFp16(Rule):
             self.teardown_restores = True
         if isinstance(scope, cst.FunctionDef) and scope.name.value.startswith("test"):
             self.in_test.add(id(node))
-        self.sets.append(_Set(node, fp16, id(scope), len(self.sets), h.branch_path(self.ctx)))
+        self.sets.append(_Set(node, fp16, id(scope), len(self.sets), h.branch_path(self.ctx),
+                              scope if scope is not None else self.ctx.parents[0]))
+
+    def _entry_point(self) -> bool:
+        """The file is a program (`if __name__ == "__main__":`), not a module others import and train with."""
+        module = self.ctx.parents[0] if self.ctx.parents else None
+        for stmt in getattr(module, "body", ()):
+            if isinstance(stmt, cst.If) and "__main__" in cst.Module([]).code_for_node(stmt.test):
+                return True
+        return False
+
+    def _after_model_cast(self, s: _Set) -> bool:
+        """A model was made float16 (strong evidence: `model.half()`, `model.to(torch.float16)`)
+        earlier in the same function, on a path that reaches this call (THUMT's `--half`)."""
+        from ampdoctor.lint.semantic.evidence import STRONG
+        from ampdoctor.lint.semantic.facts import facts_of
+        from ampdoctor.lint.semantic.flow import flow_of
+
+        if not isinstance(s.scope_node, (cst.FunctionDef, cst.Module)):
+            return False
+        flow = flow_of(self.ctx, s.scope_node)
+        at = flow.pos(s.node)
+        for f in facts_of(self.ctx).evidence.facts:
+            if f.kind != "cast" or f.strength != STRONG:
+                continue
+            if -1 < flow.pos(f.node) < at and not h.exclusive(flow.branches(f.node), flow.branches(s.node)):
+                return True
+        return False
 
     def _restored_by_finally(self) -> bool:
         t = h.in_try_finally(self.ctx)
@@ -87,11 +115,13 @@ class DefaultDtypeFp16(Rule):
         for s in self.sets:
             if not s.fp16:
                 continue
-            if id(s.node) in self.in_test and not self.trains:
-                continue  # a test that only runs a model in float16: nothing trains afterwards
+            if not self.trains and (id(s.node) in self.in_test or self._entry_point()):
+                continue  # a test or a script that only runs a model in float16 (THUMT's scorer): nothing trains
             # a later call in the same function that sets another dtype restores it (scoped use)
             if any(o.scope == s.scope and o.order > s.order and not o.fp16 and not h.exclusive(o.branches, s.branches)
                    for o in self.sets):
                 continue
+            if self._after_model_cast(s):
+                continue  # `model = model.half()` then the default: pure float16 on purpose, new tensors match it
             call = cst.Module([]).code_for_node(s.node)
             self.report(s.node, self.message.format(call=call if len(call) < 60 else "set_default_dtype(float16)"))

@@ -18,6 +18,7 @@ _DEVICE_TYPES = {"cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ide
                  "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone"}
 _NOT_A_DEVICE = {"gpu", "nvidia", "cuda0"}
 _PLACEMENT = {"cpu", "cuda", "mps", "xpu"}
+_HOST = ("numpy", "tolist", "item")  # what a tensor moved to the CPU for the host is turned into
 _DEVICE_STR = re.compile(r"^(cpu|cuda|mps|xpu|hpu|xla|mtia|maia)(:\d+)?$")
 _TORCH_DEVICE = {"torch.device"}
 _INDEXED_TEXT = re.compile(r"\b(cuda|xpu|npu|mps):(\d|%|\{)")
@@ -183,12 +184,31 @@ class AutocastDeviceMismatch(Rule):
         if target is None:
             return
         dev = _literal_device(target)
+        if dev == "cpu" and mc is not None and self._for_the_host(node):
+            return  # `image = x.to("cpu")` then `image.numpy()`: a copy for the host, not where the model runs
         if dev is None and isinstance(target, cst.Name):
             kinds = self._known(target.value)
             if kinds:
                 devs = {self._device_of_kind(k) for k in kinds}
                 dev = devs.pop() if len(devs) == 1 else None
         ev.append((dev, branches))
+
+    def _for_the_host(self, node: cst.Call) -> bool:
+        """The moved tensor is bound to a name that the function turns into NumPy or Python data
+        (`.numpy()`, `.tolist()`, `.item()`), or converted on the spot (`x.to("cpu").numpy()`)."""
+        stack = self.ctx.parents
+        parent = stack[-2] if len(stack) >= 2 else None
+        if isinstance(parent, cst.Attribute) and parent.attr.value in _HOST:
+            return True
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
+                and isinstance(parent.targets[0].target, cst.Name)):
+            return False
+        name = parent.targets[0].target.value
+        fn = next((p for p in self.ctx.ancestors() if isinstance(p, cst.FunctionDef)), None)
+        if fn is None:
+            return False
+        return any(isinstance(n, cst.Attribute) and n.attr.value in _HOST and isinstance(n.value, cst.Name)
+                   and n.value.value == name for n in h.walk(fn.body))
 
     # -- autocast calls ---------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
