@@ -485,9 +485,10 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
     if fmt is None:
         from ampdoctor.report.trace_files import format_for
         fmt = format_for(output) if output else "text"
-    given = [flag for key, flag in _TORCHRUN if torchrun.get(key) is not None] + (["--standalone"] if standalone else [])
-    if given and nproc_per_node is None:
-        raise AmpdoctorError(f"{given[0]} needs --nproc-per-node (it is a launcher option)")
+    launcher = [arg for key, flag in _TORCHRUN if torchrun.get(key) is not None
+                for arg in (flag, str(torchrun[key]))] + (["--standalone"] if standalone else [])
+    if launcher and nproc_per_node is None:
+        raise AmpdoctorError(f"{launcher[0]} needs --nproc-per-node (it is a launcher option)")
     if output:
         _check_writable(output)
     try:
@@ -497,8 +498,6 @@ def trace(script, args, target, max_steps, ops, no_grads, fmt, output, width, fa
     from ampdoctor.trace import distributed as dist_trace
 
     if nproc_per_node is not None:
-        launcher = [flag_value for key, flag in _TORCHRUN if torchrun.get(key) is not None
-                    for flag_value in (flag, str(torchrun[key]))] + (["--standalone"] if standalone else [])
         opts = [*(["--target", target] if target else []), *(["--max-steps", str(max_steps)] if max_steps else []),
                 *(["--ops"] if ops else []), *(["--no-grads"] if no_grads else [])]
         report, code = _launch(script, list(args), str(nproc_per_node), launcher, opts, run_dir, fmt, output)
@@ -549,9 +548,7 @@ def _launch(script, args, nproc, launcher, opts, folder, fmt, output):
     keep = folder is not None
     folder = folder or tempfile.mkdtemp(prefix="ampdoctor-run-")
     os.makedirs(folder, exist_ok=True)
-    for name in os.listdir(folder):  # reports of an earlier run would pass for this one's
-        if name.startswith("rank-") and name.endswith(".json"):
-            os.unlink(os.path.join(folder, name))
+    dist_trace.clear_rank_reports(folder)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", nproc, *launcher,
            "-m", "ampdoctor", "trace", *opts, script, *args]
     env = dict(os.environ, **{dist_trace.RUN_DIR_ENV: os.path.abspath(folder), dist_trace.MERGE_ENV: "launcher"})
@@ -590,8 +587,9 @@ def _world_size(folder: str, nproc: str, launcher: list[str]) -> int:
     nnodes = launcher[launcher.index("--nnodes") + 1] if "--nnodes" in launcher else "1"
     if nproc.isdigit() and nnodes.isdigit():
         return int(nproc) * int(nnodes)
-    ranks = [int(n[5:-5]) for n in os.listdir(folder) if n.startswith("rank-") and n.endswith(".json")
-             and n[5:-5].isdigit()]
+    from ampdoctor.trace import distributed as dist_trace
+
+    ranks = dist_trace.ranks_written(folder)
     return max(ranks) + 1 if ranks else 1
 
 
@@ -600,7 +598,7 @@ def _finish_trace(report, fmt, output, width, kinds, exit_code, error=None) -> N
     else 1 when a --fail-on kind was found, else 0."""
     if fmt != "text" or output:
         from ampdoctor.report import trace_files as trace_output
-        text_width = width if width is not None else _trace_console(io.StringIO(), None).width
+        text_width = width if width is not None else _columns(100, 40)  # a file gets COLUMNS, else 100
         _emit(trace_output.render(report, fmt, text_width), output)
     else:
         from ampdoctor.report import trace_text
@@ -623,15 +621,12 @@ def _finish_trace(report, fmt, output, width, kinds, exit_code, error=None) -> N
 def _trace_console(file, width: int | None, plain: bool | None = None):
     """The trace report's console: ``--width``, else the terminal's width, else COLUMNS, else 100;
     a file gets exactly what a terminal of that width shows, without colour."""
-    from rich.console import Console
+    from ampdoctor.report.trace_files import console
 
     tty = hasattr(file, "isatty") and file.isatty()
     if width is None and not tty:
         width = _columns(100, 40)
-    if plain is None:
-        plain = not tty
-    return Console(file=file, width=width, highlight=False, emoji=False, no_color=plain or None,
-                   force_terminal=False if plain else None, soft_wrap=True)
+    return console(file, width, plain=not tty if plain is None else plain)
 
 
 def _check_writable(output: str) -> None:

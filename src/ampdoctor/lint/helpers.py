@@ -112,6 +112,16 @@ def names_in(node: cst.CSTNode) -> Iterator[str]:
             yield n.value.lower()
 
 
+def loop_header(loop: cst.CSTNode) -> list[cst.CSTNode]:
+    """What a loop's header reads: a ``for``'s target and iterable, a ``while``'s test."""
+    return [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]  # type: ignore[attr-defined]
+
+
+def epoch_loop(loop: cst.CSTNode) -> bool:
+    """``for epoch in range(...)``, ``while epoch < n``, ``range(self.num_epochs)``: a loop over epochs."""
+    return any("epoch" in n for part in loop_header(loop) for n in names_in(part))
+
+
 # -- dtypes ------------------------------------------------------------------------------
 
 _DTYPES = {

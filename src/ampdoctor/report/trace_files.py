@@ -21,14 +21,19 @@ def render(report: dict, fmt: str, width: int = 100) -> str:
     if fmt == "html":
         from ampdoctor.report import trace_html
         return trace_html.render(report)
-    from rich.console import Console
-
     from ampdoctor.report import trace_text
     buf = io.StringIO()
-    console = Console(file=buf, width=width, highlight=False, emoji=False, no_color=True, force_terminal=False,
-                      soft_wrap=True)
-    trace_text.render(console, report)
+    trace_text.render(console(buf, width, plain=True), report)
     return buf.getvalue()
+
+
+def console(file, width: int | None, plain: bool):
+    """The console a trace report is printed on: plain (no colour, no terminal codes) for a file
+    or a pipe, so that it holds exactly what a terminal of that width shows."""
+    from rich.console import Console
+
+    return Console(file=file, width=width, highlight=False, emoji=False, no_color=plain or None,
+                   force_terminal=False if plain else None, soft_wrap=True)
 
 
 def write(report: dict, path: str, fmt: str | None = None, width: int = 100) -> str:

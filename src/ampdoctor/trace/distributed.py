@@ -16,12 +16,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import tempfile
 import time
 from dataclasses import dataclass
 
+from ampdoctor.trace.findings import param_order
+
 RANK_FILE = "rank-{rank}.json"
+_RANK_NAME = re.compile(r"rank-(\d+)\.json")
 RUN_DIR_ENV = "AMPDOCTOR_RUN_DIR"
 MERGE_ENV = "AMPDOCTOR_MERGE"  # "launcher": `ampdoctor trace --nproc-per-node` merges, not rank 0
 _PHASE_ORDER = {"input": 0, "forward": 1, "loss": 2, "backward": 3, "param": 4}
@@ -77,24 +81,40 @@ def write_rank_report(folder: str, info: RankInfo, report: dict) -> str:
     return final
 
 
+def _raise_terminated(signum, frame):
+    from ampdoctor.trace.run import Terminated
+
+    raise Terminated()
+
+
 def stop_on_sigterm() -> None:
     """Turn SIGTERM into an exception in the main thread, so that the script stops, the hooks come
     off and the rank's report is still written. A script that installs its own handler keeps it."""
-    from ampdoctor.trace.run import Terminated
-
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        def _raise(signum, frame):
-            raise Terminated()
-        signal.signal(signal.SIGTERM, _raise)
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def hold_sigterm() -> None:
     """Once the script has ended, a SIGTERM (torchrun stopping the ranks after one failed) must
     not cut the writing of this rank's report short: it is ignored for the few seconds that takes
     (torchrun sends SIGKILL after its grace period anyway). A script's own handler is left alone."""
-    handler = signal.getsignal(signal.SIGTERM)
-    if getattr(handler, "__qualname__", "").startswith("stop_on_sigterm"):
+    if signal.getsignal(signal.SIGTERM) is _raise_terminated:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def ranks_written(folder: str) -> list[int]:
+    """The ranks whose report is in ``folder``."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _RANK_NAME.fullmatch(n)))
+
+
+def clear_rank_reports(folder: str) -> None:
+    """Remove an earlier run's reports: they would pass for this run's."""
+    for r in ranks_written(folder):
+        os.unlink(os.path.join(folder, RANK_FILE.format(rank=r)))
 
 
 def read_rank_reports(folder: str, world_size: int) -> dict[int, dict | None]:
@@ -112,8 +132,7 @@ def wait_for_ranks(folder: str, world_size: int, timeout: float) -> dict[int, di
     """Rank 0's wait, under a bare torchrun, for the others' files (bounded by ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout
     while True:
-        names = set(os.listdir(folder))
-        if all(RANK_FILE.format(rank=r) in names for r in range(world_size)) or time.monotonic() >= deadline:
+        if set(range(world_size)) <= set(ranks_written(folder)) or time.monotonic() >= deadline:
             return read_rank_reports(folder, world_size)
         time.sleep(0.2)
 
@@ -288,8 +307,7 @@ def merge(reports: dict[int, dict | None], world_size: int) -> dict:
         "first_nonfinite": first,
         "op_origin": origin_rep.get("op_origin"),
         "modules": modules,
-        "params": sorted(params.values(), key=lambda p: (p["first_nonfinite_step"] is None,
-                                                         p["first_nonfinite_step"] or 0, p["param"])),
+        "params": sorted(params.values(), key=param_order),
         "loss": loss,
         "scaler": origin_rep.get("scaler"),
         "not_traced": sorted({m for rep in reps.values() for m in rep.get("not_traced") or []}),

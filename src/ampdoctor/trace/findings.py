@@ -197,8 +197,13 @@ def param_rows(tracer, target: str) -> list[dict]:
             "underflow_fraction": (c["subnormal"] + c["flush"]) / nonzero_finite if nonzero_finite else 0.0,
             "zero_fraction": c["zero"] / el if el else 0.0,
         })
-    rows.sort(key=lambda r: (r["first_nonfinite_step"] is None, r["first_nonfinite_step"] or 0, r["param"]))
+    rows.sort(key=param_order)
     return rows
+
+
+def param_order(row: dict) -> tuple:
+    """Parameter rows in the order they went non-finite, then by name (the finite ones last)."""
+    return row["first_nonfinite_step"] is None, row["first_nonfinite_step"] or 0, row["param"]
 
 
 # -- origins -----------------------------------------------------------------------------------------------

@@ -292,9 +292,7 @@ _WRAPPER_PARTS = frozenset(("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wr
 
 def _data_parallel(root) -> bool:
     """DistributedDataParallel or DataParallel: the model is their ``module``."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    return isinstance(root, (DistributedDataParallel, DataParallel)) and isinstance(
+    return isinstance(root, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) and isinstance(
         getattr(root, "module", None), torch.nn.Module)
 
 

@@ -9,7 +9,6 @@ from ampdoctor.lint.semantic import config as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import FixSpec, Rule
 from ampdoctor.lint.semantic import vocabulary as voc
-from ampdoctor.lint.semantic.calls import epoch_loop
 from ampdoctor.lint.semantic.facts import facts_of
 
 _SCALER_METHODS = ("scale", "step", "unscale_", "update")
@@ -68,24 +67,16 @@ class GradScalerInLoop(Rule):
         if not isinstance(fn, cst.FunctionDef):
             return
         name = assign.targets[0].target.value
-        graph = facts_of(self.ctx).calls
-        for n in h.walk(fn.body):
-            if isinstance(n, h.LOOPS) and any(isinstance(m, cst.Name) and m.value == name for m in h.walk(n.body)):
-                # used in a loop of its own function: one scaler for many steps, unless the
-                # function is one epoch that its caller runs in an epoch loop (mozilla TTS)
-                hit = graph.loop_caller(fn, epoch_loop)
-                if hit is not None and self._escapes(fn, assign, name) is False:
-                    info = graph.function(fn)
-                    self.report(node, self.per_epoch_message.format(c=u.code(node.func), f=info.qualname,
-                                                                    caller=hit[0].qualname))
-                return
         if self._escapes(fn, assign, name) is not False:
             return  # it escapes (returned, stored, passed on) and may live on, or it never steps
-        hit = graph.loop_caller(fn)
+        graph = facts_of(self.ctx).calls
+        # a step function called in any loop; a function that steps it in a loop of its own is one
+        # epoch, and only an epoch loop around its call remakes it too often (mozilla TTS)
+        hit = graph.run_anew(fn, name)
         info = graph.function(fn)
         if hit is not None and info is not None:
-            self.report(node, self.per_call_message.format(c=u.code(node.func), f=info.qualname,
-                                                           caller=hit[0].qualname))
+            message = self.per_epoch_message if graph.loops_itself(fn, name) else self.per_call_message
+            self.report(node, message.format(c=u.code(node.func), f=info.qualname, caller=hit[0].qualname))
 
     @staticmethod
     def _escapes(fn: cst.FunctionDef, assign: cst.Assign, name: str) -> bool | None:
@@ -123,8 +114,7 @@ class GradScalerInLoop(Rule):
                     d = dotted_name(t)
                     if d and "optim" in d.rsplit(".", 1)[-1].lower():
                         return None
-        header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
-        if any("epoch" in n for part in header for n in h.names_in(part)):
+        if h.epoch_loop(loop):
             return "epoch"
         for n in self._direct(loop.body):
             if h.method_call(n, "backward") is not None:
@@ -175,8 +165,7 @@ class GradScalerInLoop(Rule):
                     count += 1
         if count != 1:
             return None
-        header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
-        if any(target in u.chains(part) for part in header):
+        if any(target in u.chains(part) for part in h.loop_header(loop)):
             return None
         # the statements before it in the body must not read the scaler (they would see
         # last iteration's value, and after the hoist the new one)

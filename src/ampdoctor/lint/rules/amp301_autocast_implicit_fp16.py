@@ -11,6 +11,7 @@ from ampdoctor.lint.semantic import config as u
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic.backward import is_backward_call
 from ampdoctor.lint.semantic import branches
 from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.semantic import vocabulary as voc
@@ -109,7 +110,7 @@ class AutocastImplicitFp16(Rule):
                 self.placement[id(node)] = self._placement()
                 self.flow.autocast(self.ctx, node)
             return
-        if q in ("torch.autograd.backward", "torch.autograd.grad") or h.method_call(node, "backward"):
+        if is_backward_call(self.ctx.names, node):
             self.flow.backward_call(self.ctx, node)
             return
         if q in _SET_AUTOCAST_DTYPE:

@@ -8,8 +8,8 @@ from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic import vocabulary as voc
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic.backward import FUNCTION_BASES
 
-_FUNCTION_BASES = {"torch.autograd.Function", "torch.autograd.function.Function"}
 # ops on autocast's lower-precision list (CUDA), by qualified name
 _OPS = {f"torch.nn.functional.{n}" for n in (
     "linear", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
@@ -52,7 +52,7 @@ class CustomFunctionNoCustomFwd(Rule):
             self.applies.setdefault(mc[0].value, []).append(bool(rs) and rs[0].ac.enabled is False)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if not any(self.ctx.names.qualified(b.value) in _FUNCTION_BASES for b in node.bases):
+        if not any(self.ctx.names.qualified(b.value) in FUNCTION_BASES for b in node.bases):
             return
         if not isinstance(node.body, cst.IndentedBlock):
             return

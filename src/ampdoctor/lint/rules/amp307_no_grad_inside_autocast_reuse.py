@@ -12,12 +12,12 @@ from ampdoctor.lint import helpers as h
 from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import autocast as acs
+from ampdoctor.lint.semantic.backward import is_backward_call
 
 _NO_GRAD = {"torch.no_grad", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
 _SET_GRAD = {"torch.set_grad_enabled", "torch.autograd.set_grad_enabled",
              "torch.autograd.grad_mode.set_grad_enabled"}
 _INFERENCE = {"torch.inference_mode", "torch.autograd.inference_mode", "torch.autograd.grad_mode.inference_mode"}
-_GRAD_CALLS = {"torch.autograd.grad", "torch.autograd.backward"}
 _BUILTINS = set(dir(builtins))
 # the torch release that fixed the no_grad/autocast-cache interaction (pytorch PR#165068)
 _FIXED_IN = (2, 11)
@@ -163,5 +163,5 @@ class NoGradInsideAutocastReuse(Rule):
     def _backwards(self, scope: cst.CSTNode):
         for n in h.walk(scope):
             if isinstance(n, cst.Call):
-                if h.method_call(n, "backward") is not None or self.ctx.names.qualified(n.func) in _GRAD_CALLS:
+                if is_backward_call(self.ctx.names, n):
                     yield n

@@ -89,10 +89,9 @@ class EmptyCacheInLoop(Rule):
         return False
 
     def _per_batch(self, loop: cst.CSTNode) -> bool:
-        header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]
-        header_names = [n for part in header for n in h.names_in(part)]
-        if any("epoch" in n for n in header_names):
+        if h.epoch_loop(loop):
             return False
+        header_names = [n for part in h.loop_header(loop) for n in h.names_in(part)]
         body_nodes = list(h.walk(loop.body))
         if any(isinstance(n, h.LOOPS) for n in body_nodes):
             return False  # an outer loop (epochs, or items around an inner loop)

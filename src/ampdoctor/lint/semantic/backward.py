@@ -28,9 +28,14 @@ from ampdoctor.lint.semantic import vocabulary as voc
 from ampdoctor.lint.semantic.autocast import Region, autocast_call
 
 AUTOGRAD_CALLS = {"torch.autograd.grad": (0, "outputs"), "torch.autograd.backward": (0, "tensors")}
-_FUNCTION_BASES = {"torch.autograd.Function", "torch.autograd.function.Function"}
+FUNCTION_BASES = {"torch.autograd.Function", "torch.autograd.function.Function"}
 _CUSTOM_BWD = {"torch.amp.custom_bwd", "torch.cuda.amp.custom_bwd", "torch.amp.autocast_mode.custom_bwd"}
 _CUSTOM_FWD = {"torch.amp.custom_fwd", "torch.cuda.amp.custom_fwd", "torch.amp.autocast_mode.custom_fwd"}
+
+
+def is_backward_call(names: Names, call: cst.Call) -> bool:
+    """``x.backward()``, ``torch.autograd.grad(...)`` or ``torch.autograd.backward(...)``."""
+    return names.qualified(call.func) in AUTOGRAD_CALLS or h.method_call(call, "backward") is not None
 
 
 def differentiated(names: Names, call: cst.Call) -> cst.BaseExpression | None:
@@ -126,7 +131,7 @@ def _forward_state_backward_not(ctx: Context, klass) -> bool:
     backward math is lowered although the forward was not. (Without ``custom_fwd`` the Function
     is AMP305's defect, and running its backward outside autocast can fail on mixed dtypes.)"""
     names = ctx.names
-    if not any(names.qualified(b.value) in _FUNCTION_BASES for b in klass.node.bases):
+    if not any(names.qualified(b.value) in FUNCTION_BASES for b in klass.node.bases):
         return False
     bwd = klass.methods.get("backward")
     return bwd is not None and _decorated(names, klass.methods.get("forward"), _CUSTOM_FWD) and \

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ampdoctor.lint import tree
+from ampdoctor.lint.helpers import epoch_loop
 from ampdoctor.lint.names import Names, dotted_name
 from ampdoctor.lint.semantic.autocast import Region, autocast_call
 
@@ -202,12 +203,21 @@ class CallGraph:
                     return caller, n
         return None
 
-    def run_anew(self, node: cst.FunctionDef) -> "tuple[Function, cst.CSTNode] | None":
+    @staticmethod
+    def loops_itself(node: cst.FunctionDef, name: str | None = None) -> bool:
+        """``node`` has a loop of its own (one that reads ``name``, when given): it is one epoch
+        over the batches, not one step."""
+        for n in tree.walk(node.body, skip=_SCOPES):
+            if isinstance(n, (cst.For, cst.While)) and (name is None or any(
+                    isinstance(m, cst.Name) and m.value == name for m in tree.walk(n.body, skip=_SCOPES))):
+                return True
+        return False
+
+    def run_anew(self, node: cst.FunctionDef, name: str | None = None) -> "tuple[Function, cst.CSTNode] | None":
         """The caller that runs ``node`` again and again, and its loop: any loop when ``node`` is
-        one step (it has no loop of its own), an epoch loop when ``node`` is one epoch (it loops
-        over the batches). State local to ``node`` (a GradScaler) then lives for one step or epoch."""
-        own_loop = any(isinstance(n, (cst.For, cst.While)) for n in tree.walk(node.body, skip=_SCOPES))
-        return self.loop_caller(node, epoch_loop if own_loop else None)
+        one step, an epoch loop when ``node`` is one epoch (``loops_itself``). State local to
+        ``node`` (a GradScaler) then lives for one step or epoch."""
+        return self.loop_caller(node, epoch_loop if self.loops_itself(node, name) else None)
 
     def inherited_region(self, node: cst.FunctionDef, _seen: set[int] | None = None) -> Region | None:
         """The autocast region ``node`` runs in when every in-file call of it is inside one
@@ -231,9 +241,3 @@ class CallGraph:
                 found = Region(region.ac, region.node, region.via or site.call)
         return found
 
-
-def epoch_loop(loop: cst.CSTNode) -> bool:
-    """``for epoch in range(...)``, ``while epoch < n``: a loop over epochs."""
-    header = [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]  # type: ignore[attr-defined]
-    return any("epoch" in (n.value.lower() if isinstance(n, cst.Name) else "")
-               for part in header for n in [part, *tree.walk(part)])

@@ -353,17 +353,17 @@ class ScalerFlow(Rule):
     def _add(self, kind: str, node: cst.CSTNode, scaler: str | None, arg: str | None, **extra) -> None:
         region, loop, anc = self._context()
         if kind in ("step", "unscale", "update"):
-            extra["round"] = self._round(node, region)
-            loop_node = next((p for p in self.ctx.ancestors() if id(p) == extra["round"]), None)
-            extra["data_loop"] = isinstance(loop_node, h.LOOPS) and _data_loop(loop_node)
+            rnd = self._round(node, region)
+            extra["round"] = id(rnd)
+            extra["data_loop"] = isinstance(rnd, h.LOOPS) and _data_loop(rnd)
         self.events.append(Event(
             kind, node, scaler, arg, id(region), id(loop) if loop is not None else None, len(self.events),
             h.branch_path(self.ctx), self._conds(region, loop), frozenset(anc), self._exits(region),
             h.statement_of(self.ctx), dict(extra)))
 
-    def _round(self, node: cst.CSTNode, region) -> int:
-        """The id of the loop one pass of which is one round of optimizer steps (the training
-        iteration), else of the function: a loop over optimizers whose variable the call uses
+    def _round(self, node: cst.CSTNode, region) -> cst.CSTNode:
+        """The loop one pass of which is one round of optimizer steps (the training iteration),
+        else the function: a loop over optimizers whose variable the call uses
         (``for opt in optimizers: scaler.step(opt)``) is part of the round, not the round."""
         used = {x.lower() for x in h.names_in(node.args[0].value)} if isinstance(node, cst.Call) and node.args else set()
         for p in self.ctx.ancestors():
@@ -372,8 +372,8 @@ class ScalerFlow(Rule):
             if isinstance(p, h.LOOPS):
                 if isinstance(p, cst.For) and used & _per_item_names(p):
                     continue
-                return id(p)
-        return id(region)
+                return p
+        return region
 
     def _region_id(self) -> int:
         for p in self.ctx.ancestors():
