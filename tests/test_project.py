@@ -203,3 +203,79 @@ def test_a_script_importing_a_module_the_project_no_longer_has_is_left_out(tmp_p
         "old.py (imports coati.models.bloom, which the project lacks)"}
     code, out = _lint(root)
     assert "in scripts that import modules the project no longer has not shown" in " ".join(out.split())
+
+
+CKPT_TRAINER = textwrap.dedent('''
+    import torch
+
+
+    class Trainer{base}:
+        def __init__(self, model, opt):
+            self.model, self.opt = model, opt
+            self.scaler = torch.amp.GradScaler("cuda")
+
+        def fit(self, loader):
+            for x in loader:
+                with torch.autocast("cuda"):
+                    loss = self.model(x).sum()
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            torch.save({{"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}}, "last.pt")
+
+        def {resume}(self, path):
+            ckpt = torch.load(path)
+            self.model.load_state_dict(ckpt["model"])
+            self.opt.load_state_dict(ckpt["optimizer"])
+''')
+
+
+def test_a_checkpoint_finding_whose_only_resume_path_is_never_called_is_left_out(tmp_path):
+    # the scaler-less checkpoint matters only for a resumed run; nothing calls the resume method
+    root = _project(tmp_path, {
+        "trainer.py": CKPT_TRAINER.format(base="", resume="resume_checkpoint"),
+        "run.py": "from trainer import Trainer\nTrainer(None, None).fit([])\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    assert doc["diagnostics"] == []
+    assert [(u["code"], u["line"], u["definition"], u["reason"]) for u in doc["unreferenced"]] == [
+        ("AMP110", 17, "Trainer.resume_checkpoint, the code it depends on", "premise")]
+    code, out = _lint(root)
+    assert code == 0
+    assert "(Trainer.resume_checkpoint, the code it depends on)" in " ".join(out.split())
+
+
+def test_a_called_resume_path_or_a_framework_base_keeps_the_checkpoint_finding(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    called = _project(tmp_path / "a", {
+        "trainer.py": CKPT_TRAINER.format(base="", resume="resume_checkpoint"),
+        "run.py": "from trainer import Trainer\nt = Trainer(None, None)\nt.resume_checkpoint('x.pt')\nt.fit([])\n",
+    })
+    # a base class from elsewhere (a framework) may call any method
+    hooked = _project(tmp_path / "b", {
+        "trainer.py": CKPT_TRAINER.format(base="(BaseTrainer)", resume="restore").replace(
+            "import torch\n", "import torch\nfrom framework import BaseTrainer\n", 1),
+        "run.py": "from trainer import Trainer\nTrainer(None, None).fit([])\n",
+    })
+    for root in (called, hooked):
+        code, out = _lint(root, "--format", "json")
+        doc = json.loads(out)
+        assert [d["code"] for d in doc["diagnostics"]] == ["AMP110"], root
+        assert doc["unreferenced"] == []
+
+
+def test_benchmark_and_legacy_folders_are_left_out(tmp_path):
+    root = _project(tmp_path, {
+        "benchmarks/attn.py": "import torch\n" + LOOP.format(name="run") + "run(None, None, [])\n",
+        "legacy/train_v1.py": "import torch\n" + LOOP.format(name="run") + "run(None, None, [])\n",
+        "src/train.py": "import torch\n" + LOOP.format(name="fit") + "fit(None, None, [])\n",
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    assert [Path(d["path"]).name for d in doc["diagnostics"]] == ["train.py"]
+    assert sorted((u["definition"], u["reason"]) for u in doc["unreferenced"]) == [
+        ("benchmarks/ (benchmark)", "folder"), ("legacy/ (legacy code)", "folder")]
+    code, out = _lint(root)
+    assert "2 findings in code that nothing outside tests uses or in benchmark and legacy code folders not shown" in out

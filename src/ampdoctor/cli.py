@@ -346,10 +346,11 @@ def _unreferenced_line(unreferenced) -> str:
     n = len(unreferenced)
     names = sorted({h.where for h in unreferenced})
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    docs = any(h.where.endswith("(documentation)") for h in unreferenced)
-    stale = any(h.where.endswith("which the project lacks)") for h in unreferenced)
-    kinds = ["code that nothing outside tests uses"] + (["in documentation folders"] if docs else []) + \
-        (["in scripts that import modules the project no longer has"] if stale else [])
+    present = {h.kind for h in unreferenced}
+    folders = sorted({h.where.split("(", 1)[1].rstrip(")") for h in unreferenced if h.kind == "folder"})
+    kinds = ["code that nothing outside tests uses"] + \
+        ([f"in {' and '.join(folders)} folders"] if folders else []) + \
+        (["in scripts that import modules the project no longer has"] if "stale" in present else [])
     where = ", ".join(kinds[:-1]) + " or " + kinds[-1] if len(kinds) > 1 else kinds[0]
     return (f"{n} finding{'s' * (n != 1)} in {where} not shown ({shown}); "
             f"--include-unreferenced shows {'them' if n != 1 else 'it'}.\n")

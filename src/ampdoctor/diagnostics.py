@@ -87,6 +87,9 @@ class Diagnostic:
     fix: Fix | None = field(default=None, compare=False)
     # why it matters and what to do (``message`` is the short what, for the location line)
     explanation: str | None = field(default=None, compare=False)
+    # lines of the same file whose code the finding depends on (the resume code that makes a lost
+    # loss scale matter): when none of it can run, the project pass drops the finding
+    premises: tuple[int, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict:
         return {
@@ -119,6 +122,7 @@ class Diagnostic:
             fix_title=d.get("fix_title"),
             fix=Fix.from_dict(d["fix"]) if d.get("fix") else None,
             explanation=d.get("explanation"),
+            premises=tuple(int(x) for x in d.get("premises", ())),
         )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from ampdoctor import __version__
 
 CACHE_DIR_NAME = ".ampdoctor_cache"
-_FORMAT = 2
+_FORMAT = 3
 
 
 def content_key(data: bytes, settings_key: str) -> str:

@@ -132,6 +132,7 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
             severity=info.severity, message=short, explanation=explanation,
             fix_title=(rep.fix.title or rep.rule.fix_title) if rep.fix else
             (rep.rule.fix_title if rep.rule.fix_availability == "suggestion" else None), fix=fix,
+            premises=tuple(sorted({r.start.line for r in map(positions.get, rep.premises) if r is not None})),
         )
         diagnostics.append(diag)
         if rep.fix is not None:

@@ -14,6 +14,11 @@ definition is *referenced* when its name occurs
 - or when the definition is decorated by something that may register it (``@MODELS.register``,
   ``@pytest.fixture``, ``@app.command``), or is a test (``test_*`` / ``Test*`` in a test file).
 
+Code under documentation, benchmark and legacy folders is not product code. A finding that
+depends on other code of its file (``Report.premises``: AMP110's resume path) is dropped when
+none of that code can run either; for such code a public method whose name nothing else in the
+project mentions, in a class with no base from outside the file, counts as never called.
+
 Uses from test code only (test files, a module's own ``_test_*`` self-checks) do not count for
 product code. A file none of whose definitions is used anywhere (a standalone script, a snippet,
 a module loaded by path) is left alone: its entry points are unknown.
@@ -84,16 +89,25 @@ def project_files(root: Path) -> list[str] | None:
     return out
 
 
+# folders whose code is not what a training run executes: what each is called in the summary
+_NOT_PRODUCT = {"docs": "documentation", "doc": "documentation", "benchmarks": "benchmark",
+                "benchmark": "benchmark", "legacy": "legacy code", "deprecated": "legacy code",
+                "obsolete": "legacy code", "outdated": "legacy code", "archive": "legacy code",
+                "archived": "legacy code", "attic": "legacy code", "backup": "legacy code"}
+
+
 def _docs_folder(path: str, root: Path | None) -> str | None:
-    """The ``docs``/``doc`` folder of the project (at ``root``) that holds ``path``, if any (its name)."""
+    """The folder of the project (below ``root``) that holds ``path`` and is not product code
+    (documentation, benchmarks, legacy code), as "name/ (what it is)"; None for product code."""
     p = Path(path)
     try:
         parts = p.relative_to(root).parts if root is not None else p.parts
     except ValueError:
         parts = p.parts
     for part in parts[:-1]:
-        if part.lower() in ("docs", "doc"):
-            return part
+        kind = _NOT_PRODUCT.get(part.lower())
+        if kind is not None:
+            return f"{part}/ ({kind})"
     return None
 
 
@@ -430,6 +444,37 @@ class Project:
                 return True
         return False
 
+    def unused_chain(self, path: str, tree: ast.Module, chain: list[ast.AST],
+                     strict: bool = False) -> list[ast.AST] | None:
+        """The definitions (outermost first) that make the code at ``chain`` unused, or None when
+        it may run. ``strict``: a public method counts as unused too when its name occurs nowhere
+        else in the project and its class has no base from outside this file (nothing else, no
+        framework, can call it): for code a finding depends on, not for the finding itself."""
+        if not chain:
+            return None
+        top = _def(path, chain[0])
+        if not self.referenced(top) and self.in_use(path, tree):
+            return chain[:1]
+        if isinstance(chain[0], ast.ClassDef) and len(chain) > 1 and not isinstance(chain[1], ast.ClassDef):
+            if not self.method_referenced(top, chain[1]):
+                return chain[:2]
+            if strict and self._never_named(top, chain[0], chain[1], tree):
+                return chain[:2]
+        return None
+
+    def _never_named(self, cls: _Def, node: ast.ClassDef, method: ast.AST, tree: ast.Module) -> bool:
+        """A public method whose name nothing outside itself mentions, in a class whose bases are
+        all classes of this file (or none): no caller, no framework hook."""
+        name = method.name
+        if name.startswith("__") or _registers(method):
+            return False
+        local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        for b in node.bases:
+            if not (isinstance(b, ast.Name) and (b.id in local or b.id == "object")):
+                return False
+        self.index([name])
+        return all(occ.container == cls and occ.method == name for occ in self._occurrences(name))
+
     def method_referenced(self, cls: _Def, method: ast.AST) -> bool:
         """A private method is used when its name occurs outside itself in referenced code."""
         name = method.name
@@ -517,6 +562,9 @@ def _chain_names(chain: list[ast.AST]) -> str:
 class Hidden:
     diagnostic: Diagnostic
     where: str  # the unreferenced definition, e.g. "SRLinear" or "Trainer._old_step"
+    # why: "unused" (that definition), "folder" (documentation, benchmark, legacy code), "stale"
+    # (the file imports a module the project lacks), "premise" (what it depends on never runs)
+    kind: str = "unused"
 
 
 def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
@@ -566,6 +614,8 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
     for proj in {id(p[0]): p[0] for p in prepared}.values():
         mine = [p for p in prepared if p[0] is proj and p[4] is None]
         tops = [_def(path, c[0]) for _, path, _, chains, _ in mine for _, c in chains if c]
+        tops += [_def(path, c[0]) for _, path, tree, chains, _ in mine for d, _ in chains
+                 for c in [chain_at(tree, line) for line in d.premises] if c]
         stems = [os.path.basename(path).rsplit(".", 1)[0] for _, path, _, _, _ in mine]
         proj.index([t.name for t in tops] + [x for x in stems if x.isidentifier()])
         proj.resolve(tops)
@@ -573,7 +623,7 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
         if docs is not None:
             for d, _ in chains:
                 drop.add(id(d))
-                hidden.append(Hidden(d, f"{docs}/ (documentation)"))
+                hidden.append(Hidden(d, docs, "folder"))
             continue
         if proj.dead_module(path, tree):
             for d, _ in chains:
@@ -584,20 +634,18 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
         if stale is not None:  # it cannot run: its findings cannot happen
             for d, _ in chains:
                 drop.add(id(d))
-                hidden.append(Hidden(d, f"{os.path.basename(path)} (imports {stale}, which the project lacks)"))
+                hidden.append(Hidden(d, f"{os.path.basename(path)} (imports {stale}, which the project lacks)", "stale"))
             continue
         for d, chain in chains:
-            if not chain:
-                continue
-            top = _def(path, chain[0])
-            unused = None
-            if not proj.referenced(top) and proj.in_use(path, tree):
-                unused = chain[:1]
-            elif isinstance(chain[0], ast.ClassDef) and len(chain) > 1 and not isinstance(chain[1], ast.ClassDef):
-                if not proj.method_referenced(top, chain[1]):
-                    unused = chain[:2]
+            unused = proj.unused_chain(path, tree, chain)
             if unused is not None:
                 drop.add(id(d))
                 hidden.append(Hidden(d, _chain_names(unused)))
+                continue
+            if d.premises:
+                dead = [proj.unused_chain(path, tree, chain_at(tree, line), strict=True) for line in d.premises]
+                if all(x is not None for x in dead):
+                    drop.add(id(d))
+                    hidden.append(Hidden(d, f"{_chain_names(dead[0])}, the code it depends on", "premise"))
     kept = [d for d in diags if id(d) not in drop]
     return kept, hidden

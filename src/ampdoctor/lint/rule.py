@@ -38,6 +38,7 @@ class Report:
     node: cst.CSTNode
     message: str
     fix: FixSpec | None
+    premises: tuple[cst.CSTNode, ...] = ()
 
 
 @dataclass
@@ -83,8 +84,11 @@ class Rule:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    def report(self, node: cst.CSTNode, message: str | None = None, fix: FixSpec | None = None) -> None:
-        self.ctx.reports.append(Report(self, node, message or self.message, fix))
+    def report(self, node: cst.CSTNode, message: str | None = None, fix: FixSpec | None = None,
+               premises: Sequence[cst.CSTNode] = ()) -> None:
+        """Report ``node``. ``premises``: the code the finding depends on; when none of it is ever
+        run (an uncalled function), the finding is dropped with the project's unused code."""
+        self.ctx.reports.append(Report(self, node, message or self.message, fix, tuple(premises)))
 
     @classmethod
     def info(cls) -> RuleInfo:

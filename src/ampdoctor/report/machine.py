@@ -34,7 +34,8 @@ def to_json(diags: list[Diagnostic], files: int, fixed: int, unreferenced=(), ap
                     for d in applied],
         # defect-rule findings in definitions nothing in the project refers to (not counted)
         "unreferenced": [{"code": h.diagnostic.code, "path": h.diagnostic.path, "line": h.diagnostic.line,
-                          "column": h.diagnostic.column, "definition": h.where} for h in unreferenced],
+                          "column": h.diagnostic.column, "definition": h.where, "reason": h.kind}
+                         for h in unreferenced],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 

@@ -93,6 +93,7 @@ class CheckpointMissingScaler(Rule):
         self.scaler_classes: set[int] = set()
         # the file restores an optimizer (a resume path): only then does a lost scale matter
         self.resumes = False
+        self.restores: list[cst.Call] = []  # those restores: the finding matters only if one can run
         self.made_in: list = []  # per GradScaler construction: the def whose local it is, else None
         # the `enabled=` condition of each scaler built here (None: always on)
         self.conditions: list[str | None] = []
@@ -122,6 +123,7 @@ class CheckpointMissingScaler(Rule):
             return
         if self._restores_optimizer(node):
             self.resumes = True
+            self.restores.append(node)
         mc = h.method_call(node, "state_dict", *_SCALER_METHODS, *_MUTATORS)
         if mc is not None:
             recv, meth = mc
@@ -255,9 +257,10 @@ class CheckpointMissingScaler(Rule):
             done.add(opt)
             conds = set(self.conditions)
             if len(conds) == 1 and None not in conds:
-                self.report(save.call, self.conditional_message.format(s=s, cond=conds.pop()))
+                self.report(save.call, self.conditional_message.format(s=s, cond=conds.pop()),
+                            premises=self.restores)
             else:
-                self.report(save.call, self.message.format(s=s))
+                self.report(save.call, self.message.format(s=s), premises=self.restores)
 
     def _dict_of(self, save: _Save) -> cst.Dict | None:
         return self._as_dict(save.arg, save, 0)
