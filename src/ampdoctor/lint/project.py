@@ -105,7 +105,7 @@ def _docs_folder(path: str, root: Path | None) -> str | None:
     except ValueError:
         parts = p.parts
     for part in parts[:-1]:
-        kind = _NOT_PRODUCT.get(part.lower())
+        kind = _NOT_PRODUCT.get(part.lower().strip("_"))
         if kind is not None:
             return f"{part}/ ({kind})"
     return None
