@@ -31,6 +31,7 @@ from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic import config, source
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic.facts import facts_of
 
 _CODE = cst.Module([])
 
@@ -279,6 +280,10 @@ class ScalerFlow(Rule):
         self._disabled: set[tuple[int, str]] = set()
         # scalers built with init_scale=1: (function id, name), or (0, "self.x")
         self.unit_scale: set[tuple[int, str]] = set()
+        # calls of this file's own functions, as "call" events (extra: callee, the Function); kept
+        # apart from ``events`` so the protocol rules see only scaler events there. Their
+        # ``order`` is that of the next protocol event: a call precedes event e when order <= e.order
+        self.calls: list[Event] = []
 
     def leave_Module(self, node: cst.Module) -> None:
         if self._disabled:
@@ -350,13 +355,14 @@ class ScalerFlow(Rule):
                     break
         return tuple(out)
 
-    def _add(self, kind: str, node: cst.CSTNode, scaler: str | None, arg: str | None, **extra) -> None:
+    def _add(self, kind: str, node: cst.CSTNode, scaler: str | None, arg: str | None,
+             into: list[Event] | None = None, **extra) -> None:
         region, loop, anc = self._context()
         if kind in ("step", "unscale", "update"):
             rnd = self._round(node, region)
             extra["round"] = id(rnd)
             extra["data_loop"] = isinstance(rnd, h.LOOPS) and _data_loop(rnd)
-        self.events.append(Event(
+        (self.events if into is None else into).append(Event(
             kind, node, scaler, arg, id(region), id(loop) if loop is not None else None, len(self.events),
             h.branch_path(self.ctx), self._conds(region, loop), frozenset(anc), self._exits(region),
             h.statement_of(self.ctx), dict(extra)))
@@ -474,6 +480,9 @@ class ScalerFlow(Rule):
         elif isinstance(func, cst.Name) and "unscale" in func.value.lower():
             self._add("unscale_any", node, None, None)
             return
+        fn = facts_of(self.ctx).calls.callee(node)
+        if fn is not None:
+            self._add("call", node, None, code_of(node.func), into=self.calls, callee=fn)
         self._clip(node)
 
     def _is_parameter(self, expr: cst.BaseExpression) -> cst.FunctionDef | None:
