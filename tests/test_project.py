@@ -279,3 +279,42 @@ def test_benchmark_and_legacy_folders_are_left_out(tmp_path):
         ("benchmarks/ (benchmark)", "folder"), ("legacy/ (legacy code)", "folder")]
     code, out = _lint(root)
     assert "2 findings in code that nothing outside tests uses or in benchmark and legacy code folders not shown" in out
+
+
+GAN_TRAINER = textwrap.dedent('''
+    import torch
+
+
+    class Trainer:
+        def __init__(self, gen, opt):
+            self.gen, self.opt = gen, opt
+            self.scaler = torch.amp.GradScaler("cuda")
+
+        def gen_update(self, x):
+            self.opt.zero_grad()
+            with torch.autocast("cuda"):
+                loss = self.gen(x).mean()
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+''')
+
+
+def test_a_step_whose_update_a_training_script_calls_is_left_out(tmp_path):
+    # sim2real-lane-detection: the trainer steps; train.py calls `trainer.scaler.update()` per iteration
+    root = _project(tmp_path, {
+        "trainers/gan.py": GAN_TRAINER,
+        "train.py": ("from trainers.gan import Trainer\ntrainer = Trainer(None, None)\n"
+                     "for x in []:\n    trainer.gen_update(x)\n    trainer.scaler.update()\n"),
+    })
+    code, out = _lint(root, "--format", "json")
+    doc = json.loads(out)
+    assert doc["diagnostics"] == []
+    assert [(u["code"], u["line"], u["definition"], u["reason"]) for u in doc["unreferenced"]] == [
+        ("AMP101", 15, "scaler.update() in train.py", "elsewhere")]
+    code, out = _lint(root)
+    assert code == 0 and "whose missing call another file makes not shown (scaler.update() in train.py)" in \
+        " ".join(out.split())
+    # nobody updates it: reported
+    (root / "train.py").write_text("from trainers.gan import Trainer\nTrainer(None, None).gen_update(None)\n")
+    code, out = _lint(root, "--format", "json")
+    assert [(d["code"], d["line"]) for d in json.loads(out)["diagnostics"]] == [("AMP101", 15)]

@@ -350,7 +350,8 @@ def _unreferenced_line(unreferenced) -> str:
     folders = sorted({h.where.split("(", 1)[1].rstrip(")") for h in unreferenced if h.kind == "folder"})
     kinds = ["code that nothing outside tests uses"] + \
         ([f"in {' and '.join(folders)} folders"] if folders else []) + \
-        (["in scripts that import modules the project no longer has"] if "stale" in present else [])
+        (["in scripts that import modules the project no longer has"] if "stale" in present else []) + \
+        (["whose missing call another file makes"] if "elsewhere" in present else [])
     where = ", ".join(kinds[:-1]) + " or " + kinds[-1] if len(kinds) > 1 else kinds[0]
     return (f"{n} finding{'s' * (n != 1)} in {where} not shown ({shown}); "
             f"--include-unreferenced shows {'them' if n != 1 else 'it'}.\n")

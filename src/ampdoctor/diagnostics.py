@@ -90,6 +90,9 @@ class Diagnostic:
     # lines of the same file whose code the finding depends on (the resume code that makes a lost
     # loss scale matter): when none of it can run, the project pass drops the finding
     premises: tuple[int, ...] = field(default=(), compare=False)
+    # source text that, found in another Python file of the project, completes what the finding
+    # says is missing (`.scaler.update(` for a step whose update a training script calls)
+    completed_by: tuple[str, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict:
         return {
@@ -123,6 +126,7 @@ class Diagnostic:
             fix=Fix.from_dict(d["fix"]) if d.get("fix") else None,
             explanation=d.get("explanation"),
             premises=tuple(int(x) for x in d.get("premises", ())),
+            completed_by=tuple(str(x) for x in d.get("completed_by", ())),
         )
 
 

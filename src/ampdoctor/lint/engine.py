@@ -133,6 +133,7 @@ def _lint_text(path: str, text: str, settings: Settings, errors: list[Diagnostic
             fix_title=(rep.fix.title or rep.rule.fix_title) if rep.fix else
             (rep.rule.fix_title if rep.rule.fix_availability == "suggestion" else None), fix=fix,
             premises=tuple(sorted({r.start.line for r in map(positions.get, rep.premises) if r is not None})),
+            completed_by=rep.completed_by,
         )
         diagnostics.append(diag)
         if rep.fix is not None:

@@ -229,6 +229,7 @@ class Project:
     _memo: dict = field(default_factory=dict)
     _hits: dict[str, list[str]] = field(default_factory=dict)
     _occ: dict[str, list[_Occurrence]] = field(default_factory=dict)
+    _texts: dict[str, list[str]] = field(default_factory=dict)
 
     # -- reading -------------------------------------------------------------------------
     @staticmethod
@@ -444,6 +445,14 @@ class Project:
                 return True
         return False
 
+    def holding(self, text: str) -> list[str]:
+        """The project's Python files whose source contains ``text`` (searched once per text)."""
+        hit = self._texts.get(text)
+        if hit is None:
+            raw = text.encode()
+            hit = self._texts[text] = [f for f in self.files if f.endswith(".py") and raw in self._bytes(f)]
+        return hit
+
     def unused_chain(self, path: str, tree: ast.Module, chain: list[ast.AST],
                      strict: bool = False) -> list[ast.AST] | None:
         """The definitions (outermost first) that make the code at ``chain`` unused, or None when
@@ -563,7 +572,8 @@ class Hidden:
     diagnostic: Diagnostic
     where: str  # the unreferenced definition, e.g. "SRLinear" or "Trainer._old_step"
     # why: "unused" (that definition), "folder" (documentation, benchmark, legacy code), "stale"
-    # (the file imports a module the project lacks), "premise" (what it depends on never runs)
+    # (the file imports a module the project lacks), "premise" (what it depends on never runs),
+    # "elsewhere" (another file supplies what it says is missing)
     kind: str = "unused"
 
 
@@ -647,5 +657,10 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
                 if all(x is not None for x in dead):
                     drop.add(id(d))
                     hidden.append(Hidden(d, f"{_chain_names(dead[0])}, the code it depends on", "premise"))
+                    continue
+            done = next(((t, f) for t in d.completed_by for f in proj.holding(t) if f != path), None)
+            if done is not None:
+                drop.add(id(d))
+                hidden.append(Hidden(d, f"{done[0].strip('.(')}() in {os.path.basename(done[1])}", "elsewhere"))
     kept = [d for d in diags if id(d) not in drop]
     return kept, hidden

@@ -39,6 +39,7 @@ class Report:
     message: str
     fix: FixSpec | None
     premises: tuple[cst.CSTNode, ...] = ()
+    completed_by: tuple[str, ...] = ()
 
 
 @dataclass
@@ -85,10 +86,13 @@ class Rule:
         self.ctx = ctx
 
     def report(self, node: cst.CSTNode, message: str | None = None, fix: FixSpec | None = None,
-               premises: Sequence[cst.CSTNode] = ()) -> None:
+               premises: Sequence[cst.CSTNode] = (), completed_by: Sequence[str] = ()) -> None:
         """Report ``node``. ``premises``: the code the finding depends on; when none of it is ever
-        run (an uncalled function), the finding is dropped with the project's unused code."""
-        self.ctx.reports.append(Report(self, node, message or self.message, fix, tuple(premises)))
+        run (an uncalled function), the finding is dropped with the project's unused code.
+        ``completed_by``: source text that, in another Python file of the project, supplies what
+        the finding says is missing; the project pass drops the finding when it finds one."""
+        self.ctx.reports.append(Report(self, node, message or self.message, fix, tuple(premises),
+                                       tuple(completed_by)))
 
     @classmethod
     def info(cls) -> RuleInfo:

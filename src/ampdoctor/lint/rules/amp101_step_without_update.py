@@ -57,7 +57,11 @@ class StepWithoutUpdate(ScalerFlow):
             # update after the step it would run with no step before it and raise, so the fix moves it
             stale = [o for o in protocol if o.kind == "update" and o.scaler == e.scaler and o not in same
                      and o.order > e.order and reaches(e, o)]
-            self._flag(e, self.message.format(s=e.scaler), stale)
+            # `self.scaler` never updated in this file: a training script may drive the protocol
+            # (`trainer.scaler.update()` after `trainer.gen_update(...)`), which the project pass checks
+            attr = e.scaler.rsplit(".", 1)[-1] if e.scaler and "." in e.scaler and e.scaler not in updated \
+                and not e.extra.get("data_loop") else None
+            self._flag(e, self.message.format(s=e.scaler), stale, (f".{attr}.update(",) if attr else ())
 
     def _built_here(self) -> bool:
         """The file constructs an enabled GradScaler (else a step outside any loop belongs to a
@@ -66,7 +70,7 @@ class StepWithoutUpdate(ScalerFlow):
             self._built = any(f.kind == "scaler" for f in facts_of(self.ctx).evidence.facts)
         return self._built
 
-    def _flag(self, e: Event, message: str, stale: list[Event] = ()) -> None:
+    def _flag(self, e: Event, message: str, stale: list[Event] = (), completed_by: tuple[str, ...] = ()) -> None:
         fix = None
         if e.statement is not None and len(e.statement[0].body) == 1:  # `a; b` lines would never converge
             line, _block = e.statement
@@ -78,12 +82,12 @@ class StepWithoutUpdate(ScalerFlow):
                 movable = (len(stale) == 1 and old.statement is not None and not old.conds
                            and len(old.statement[0].body) == 1 and _siblings(old.statement[1]) > 1)
                 if not movable:  # a conditional or shared update: no mechanical fix keeps it valid
-                    self.report(e.node, message, None)
+                    self.report(e.node, message, None, completed_by=completed_by)
                     return
                 changes.append((old.statement[0], cst.RemovalSentinel.REMOVE))
                 title = self.move_title.format(s=e.scaler)
             fix = FixSpec(tuple(changes), safe=False, title=title)
-        self.report(e.node, message, fix)
+        self.report(e.node, message, fix, completed_by=completed_by)
 
 
 def _siblings(block) -> int:
