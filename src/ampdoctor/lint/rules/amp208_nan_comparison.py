@@ -17,6 +17,11 @@ _TORCH_TENSOR = {
     "torch.zeros_like", "torch.ones_like", "torch.full_like", "torch.empty_like", "torch.randn_like",
 }
 _CODE = cst.Module([])
+# words in an operand's name that say it holds a float a NaN check is about (a loss, a gradient
+# norm, a metric): with neither these nor an evident float/tensor type, the value may be an
+# integer count or an integer image that cannot be NaN, and the dead check is harmless
+_FLOAT_WORDS = ("loss", "grad", "norm", "nan", "inf", "logit", "prob", "score", "metric", "lr", "scale",
+                "mean", "std", "var", "avg", "weight", "output", "pred", "error", "err", "value", "val")
 
 
 class NanComparison(Rule):
@@ -77,6 +82,8 @@ class NanComparison(Rule):
 
     def _report(self, node: cst.Comparison, target, equal: bool, other) -> None:
         kind = self._kind(other) if other is not None else None
+        if other is not None and kind is None and not _float_named(other) and not self._cleaning_mask(node):
+            return  # `den == np.nan` on counts, `im[:, 0] == np.nan` on a uint8 image: may not be a float
         fix = None
         x = _CODE.code_for_node(other).strip() if other is not None else "x"
         if len(x) > 30:
@@ -100,6 +107,19 @@ class NanComparison(Rule):
         if len(expr) > 60:
             expr = expr[:57] + "..."
         self.report(node, self.message.format(expr=expr, value="False" if equal else "True", use=use), fix)
+
+    def _cleaning_mask(self, node: cst.Comparison) -> bool:
+        """``x[x == nan] = 0.0``: the comparison selects the values an assignment replaces, so the
+        code means to clean NaNs out of a float array."""
+        parents = self.ctx.parents
+        for i in range(len(parents) - 2, 0, -1):
+            p = parents[i]
+            if isinstance(p, (cst.SubscriptElement, cst.Index)):
+                continue
+            if isinstance(p, cst.Subscript):
+                return isinstance(parents[i - 1], cst.AssignTarget)
+            return False
+        return False
 
     def _scalar_context(self) -> bool:
         parents = self.ctx.parents
@@ -165,6 +185,26 @@ class NanComparison(Rule):
         new = new.with_changes(lpar=node.lpar, rpar=node.rpar)
         title = self.fix_title.format(call=_CODE.code_for_node(new.with_changes(lpar=[], rpar=[])))
         return FixSpec(((node, new),), safe=safe, title=title, imports=imports)
+
+
+def _float_named(expr) -> bool:
+    """The operand's own name (``loss``, ``self.grad_norm``, ``metric.get()``, ``losses[i]``) says it
+    is a float-valued quantity."""
+    while True:
+        if isinstance(expr, cst.Call):
+            expr = expr.func
+        elif isinstance(expr, cst.Subscript):
+            expr = expr.value
+        else:
+            break
+    if isinstance(expr, cst.Attribute):
+        name = expr.attr.value
+    elif isinstance(expr, cst.Name):
+        name = expr.value
+    else:
+        return False
+    low = name.lower()
+    return any(w in low for w in _FLOAT_WORDS)
 
 
 def _bare(expr) -> bool:
