@@ -22,10 +22,10 @@ class ScaleWithoutScalerStep(ScalerFlow):
     fix_title = "Replace `optimizer.step()` with `scaler.step(optimizer)` followed by `scaler.update()`"
     fix_availability = "suggestion"
     words = (b"caler.scale(", b"GradScaler")
-    helper_message = ("`{o}.step()` follows `{c}(...)`, whose `{s}.scale()` backward also scaled these "
-                      "gradients, without `{s}.step({o})`: the update uses gradients still multiplied by the "
-                      "loss scale and inf/NaN steps are not skipped. Pass `{o}` to `{c}` and call "
-                      "`{s}.step({o})` there, before `{s}.update()`.")
+    helper_message = ("`{o}.step()` steps gradients that `{c}(...)` scaled with `{s}.scale()`: its backward "
+                      "also reached this optimizer's parameters, and without `{s}.step({o})` the update uses "
+                      "gradients still multiplied by the loss scale and inf/NaN steps are not skipped. Pass "
+                      "`{o}` to `{c}` and call `{s}.step({o})` there, before `{s}.update()`.")
     summary = "`GradScaler.scale(loss).backward()` followed by a plain `optimizer.step()`."
 
     def decide(self) -> None:
