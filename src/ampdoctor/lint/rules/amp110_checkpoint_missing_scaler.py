@@ -150,8 +150,13 @@ class CheckpointMissingScaler(Rule):
                 self.saves.append(_Save(node, self._scope(), first, self.order, scope, fn, klass, True))
             else:
                 self.saves.append(_Save(node, self._scope(), first, self.order, scope, fn, klass))
-        elif _save_helper(q) and not any(_mentions_scaler(names, a.value) for a in node.args) \
-                and not self._defined_here(q):
+        elif _save_helper(q) and any(_mentions_scaler(names, a.value) for a in node.args):
+            # `save_accelerator_state(dir, weights, optimizers, schedulers, rank, self.scaler)`: this
+            # code saves the scaler's state too, through the helper
+            self.saved_defs.add(scope)
+            if klass is not None:
+                self.saved_classes.add(klass)
+        elif _save_helper(q) and not self._defined_here(q):
             # `save_checkpoint(ckpt, is_best, dir)`, `utils.save_on_master(state, path)`,
             # `accelerator.save(state, path)`, `save_model(..., states={...})`: a helper (often in
             # another file) that writes a dict; `save_checkpoint(net, optim, lr, epoch, path)`

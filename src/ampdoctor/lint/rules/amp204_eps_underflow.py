@@ -196,6 +196,9 @@ class EpsUnderflow(Rule):
                 return
             if self._upcast(idx, stat, div, 0):
                 return
+            if isinstance(stat, cst.Call) and isinstance(stat.func, cst.Attribute) and \
+                    self._random_draw(idx, stat.func.value, div):
+                return
             self._add(idx, fn, cls, right, eps, source.short(right), "the division gives inf/NaN",
                       self._autocast_fp32(idx, stat, div))
             return
@@ -228,6 +231,8 @@ class EpsUnderflow(Rule):
         eps = h.arg(call, pos, "eps")
         inputs = [h.arg(call, 0, "x1"), h.arg(call, 1, "x2")] if n_inputs == 2 else [h.arg(call, 0, "input")]
         if any(i is None for i in inputs) or any(self._upcast(idx, i, call, 0) for i in inputs):
+            return
+        if all(self._random_draw(idx, i, call) for i in inputs):
             return
         self._add(idx, fn, cls, call, eps, source.short(call), "the result is 0/0 = NaN", True, default)
 
@@ -280,6 +285,25 @@ class EpsUnderflow(Rule):
             if mc is not None and not expr.args and self.ctx.names.qualified(mc[0]) not in ("torch", "math", "numpy"):
                 return mc[0]
         return None
+
+    def _random_draw(self, idx: FunctionFlow, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """``expr`` holds a fresh Gaussian or uniform draw (``torch.randn(d, n).cuda().half()``, a
+        memory bank's initial value, through a local name or ``self.x`` assigned here): its norm
+        is about sqrt(d), never 0, so the eps never matters."""
+        # `x = x / (x.norm() + eps)`: the statement's own assignment is not in effect yet
+        at = next((p for p in idx.ancestors(at) if isinstance(p, cst.SimpleStatementLine)), at)
+        for _ in range(3):
+            d = dotted_name(expr)
+            if d is None:
+                break
+            reaching = idx.reaching(d, at)
+            if len(reaching) != 1 or reaching[0].value is None:
+                return False
+            at, expr = reaching[0].stmt, reaching[0].value
+        while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and \
+                expr.func.attr.value in _SAME_VALUES:
+            expr = expr.func.value
+        return isinstance(expr, cst.Call) and self.ctx.names.qualified(expr.func) in _RANDOM_DRAWS
 
     def _is_stat(self, expr: cst.BaseExpression) -> bool:
         """``x.std(...)``, ``x.norm(...)``, ``torch.linalg.norm(x)``, ``v.sqrt()``, ``torch.sqrt(v)``."""
@@ -419,6 +443,11 @@ class EpsUnderflow(Rule):
                         return None
                     vals.append(v)
         return min(vals) if vals else None
+
+
+_RANDOM_DRAWS = {"torch.randn", "torch.rand", "torch.randn_like", "torch.rand_like", "torch.normal"}
+# methods that move or cast a tensor without changing what it holds
+_SAME_VALUES = {"cuda", "half", "float", "to", "contiguous", "detach", "clone", "bfloat16", "cpu"}
 
 
 def _eps_like(expr: cst.BaseExpression) -> bool:
