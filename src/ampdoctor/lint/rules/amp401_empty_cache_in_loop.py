@@ -9,6 +9,10 @@ from ampdoctor.lint.rule import FixSpec, Rule
 
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache", "torch.mps.empty_cache",
                 "torch.xpu.empty_cache", "torch.npu.empty_cache"}
+# reading the allocator's statistics: a loop that calls these measures memory
+_MEMORY_STATS = {"torch.cuda.max_memory_allocated", "torch.cuda.memory_allocated", "torch.cuda.max_memory_reserved",
+                 "torch.cuda.memory_reserved", "torch.cuda.reset_peak_memory_stats", "torch.cuda.mem_get_info",
+                 "torch.cuda.memory_stats", "torch.cuda.reset_max_memory_allocated"}
 _BATCHY = ("batch", "loader", "dataloader", "data", "sample", "step", "iter")
 # methods trainers call once per batch (HF Trainer, Lightning, custom trainers)
 _PER_STEP = {"training_step", "train_step", "train_batch", "training_step_end", "on_train_batch_start",
@@ -95,6 +99,9 @@ class EmptyCacheInLoop(Rule):
         body_nodes = list(h.walk(loop.body))
         if any(isinstance(n, h.LOOPS) for n in body_nodes):
             return False  # an outer loop (epochs, or items around an inner loop)
+        if any(isinstance(n, cst.Call) and (self.ctx.names.qualified(n.func) or "") in _MEMORY_STATS
+               for n in body_nodes):
+            return False  # it measures memory per pass (an auto-batch probe): a clean cache is the point
         trains = any(h.method_call(n, "backward") for n in body_nodes)
         batchy = any(any(w in n for w in _BATCHY) for n in header_names)
         return trains or batchy and any(self._optimizer_call(n) for n in body_nodes)

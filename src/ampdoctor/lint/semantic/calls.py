@@ -216,8 +216,20 @@ class CallGraph:
     def run_anew(self, node: cst.FunctionDef, name: str | None = None) -> "tuple[Function, cst.CSTNode] | None":
         """The caller that runs ``node`` again and again, and its loop: any loop when ``node`` is
         one step, an epoch loop when ``node`` is one epoch (``loops_itself``). State local to
-        ``node`` (a GradScaler) then lives for one step or epoch."""
+        ``node`` (a GradScaler) then lives for one step or epoch. A ``node`` with an epoch loop of
+        its own is a whole training run (atlas's ``train()`` called once per target dataset): None."""
+        if self.loops_itself(node, name) and self._epochs_itself(node, name):
+            return None
         return self.loop_caller(node, epoch_loop if self.loops_itself(node, name) else None)
+
+    @staticmethod
+    def _epochs_itself(node: cst.FunctionDef, name: str | None) -> bool:
+        """``node`` has an epoch loop (``for epoch in range(args.epochs)``) that reads ``name``."""
+        for n in tree.walk(node.body, skip=_SCOPES):
+            if isinstance(n, (cst.For, cst.While)) and epoch_loop(n) and (name is None or any(
+                    isinstance(m, cst.Name) and m.value == name for m in tree.walk(n.body, skip=_SCOPES))):
+                return True
+        return False
 
     def inherited_region(self, node: cst.FunctionDef, _seen: set[int] | None = None) -> Region | None:
         """The autocast region ``node`` runs in when every in-file call of it is inside one

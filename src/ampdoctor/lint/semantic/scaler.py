@@ -31,6 +31,7 @@ from ampdoctor.lint.names import dotted_name
 from ampdoctor.lint.semantic import config, source
 from ampdoctor.lint.rule import Rule
 from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic import values
 from ampdoctor.lint.semantic.facts import facts_of
 
 _CODE = cst.Module([])
@@ -284,6 +285,7 @@ class ScalerFlow(Rule):
         # apart from ``events`` so the protocol rules see only scaler events there. Their
         # ``order`` is that of the next protocol event: a call precedes event e when order <= e.order
         self.calls: list[Event] = []
+        self._consts: dict[str, float] | None = None  # the module's NAME = constant bindings
 
     def leave_Module(self, node: cst.Module) -> None:
         if self._disabled:
@@ -376,10 +378,24 @@ class ScalerFlow(Rule):
             if p is region:
                 break
             if isinstance(p, h.LOOPS):
-                if isinstance(p, cst.For) and used & _per_item_names(p):
+                if isinstance(p, cst.For) and (used & _per_item_names(p) or self._runs_once(p)):
                     continue
                 return p
         return region
+
+    def _runs_once(self, loop: cst.For) -> bool:
+        """``for _ in range(d_step_per_g_step):`` with ``d_step_per_g_step = 1`` at module level
+        (Applio's discriminator steps per generator step): one pass, not a round of its own."""
+        it = loop.iter
+        if not (isinstance(it, cst.Call) and dotted_name(it.func) == "range" and len(it.args) == 1):
+            return False
+        n = it.args[0].value
+        if isinstance(n, cst.Name):
+            if self._consts is None:
+                root = self.ctx.parents[0] if self.ctx.parents else None
+                self._consts = values.module_constants(root, self.ctx.names) if isinstance(root, cst.Module) else {}
+            return self._consts.get(n.value) == 1
+        return h.number_value(n) == 1
 
     def _region_id(self) -> int:
         for p in self.ctx.ancestors():
