@@ -110,6 +110,11 @@ class Diagnostic:
             "fix": self.fix.to_dict() if self.fix else None,
         }
 
+    def to_cache_dict(self) -> dict:
+        """``to_dict`` plus what only the project pass needs (not part of the JSON output);
+        ``from_dict`` reads both."""
+        return {**self.to_dict(), "premises": list(self.premises), "completed_by": list(self.completed_by)}
+
     @classmethod
     def from_dict(cls, d: dict) -> "Diagnostic":
         return cls(

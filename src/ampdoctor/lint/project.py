@@ -481,7 +481,6 @@ class Project:
         for b in node.bases:
             if not (isinstance(b, ast.Name) and (b.id in local or b.id == "object")):
                 return False
-        self.index([name])
         return all(occ.container == cls and occ.method == name for occ in self._occurrences(name))
 
     def method_referenced(self, cls: _Def, method: ast.AST) -> bool:
@@ -605,6 +604,7 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
         per_file.setdefault(d.path, []).append(d)
     # the definition around each finding, looked up for all of them in one search
     prepared = []
+    premise_chains: dict[int, list[list[ast.AST]]] = {}  # id(diagnostic) -> the chain at each premise line
     for display, ds in per_file.items():
         real = real_paths[display]
         root = project_root(real)
@@ -621,11 +621,14 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
         tree = proj.tree(path)
         if tree is not None:
             prepared.append((proj, path, tree, [(d, chain_at(tree, d.line)) for d in ds], None))
+            for d in ds:
+                if d.premises:
+                    premise_chains[id(d)] = [chain_at(tree, line) for line in d.premises]
     for proj in {id(p[0]): p[0] for p in prepared}.values():
         mine = [p for p in prepared if p[0] is proj and p[4] is None]
         tops = [_def(path, c[0]) for _, path, _, chains, _ in mine for _, c in chains if c]
-        tops += [_def(path, c[0]) for _, path, tree, chains, _ in mine for d, _ in chains
-                 for c in [chain_at(tree, line) for line in d.premises] if c]
+        tops += [_def(path, c[0]) for _, path, _, chains, _ in mine for d, _ in chains
+                 for c in premise_chains.get(id(d), ()) if c]
         stems = [os.path.basename(path).rsplit(".", 1)[0] for _, path, _, _, _ in mine]
         proj.index([t.name for t in tops] + [x for x in stems if x.isidentifier()])
         proj.resolve(tops)
@@ -653,7 +656,7 @@ def split_unreferenced(diags: list[Diagnostic], real_paths: dict[str, Path],
                 hidden.append(Hidden(d, _chain_names(unused)))
                 continue
             if d.premises:
-                dead = [proj.unused_chain(path, tree, chain_at(tree, line), strict=True) for line in d.premises]
+                dead = [proj.unused_chain(path, tree, c, strict=True) for c in premise_chains[id(d)]]
                 if all(x is not None for x in dead):
                     drop.add(id(d))
                     hidden.append(Hidden(d, f"{_chain_names(dead[0])}, the code it depends on", "premise"))

@@ -245,9 +245,7 @@ def run(
                 r.diagnostics.sort()
                 write_failed = True
         if cache is not None and r.path in keys and r.fixed is None and not r.internal_error and not write_failed:
-            cache.put(str(t.path), keys[r.path],
-                      [{**d.to_dict(), "premises": list(d.premises), "completed_by": list(d.completed_by)}
-                       for d in r.diagnostics])
+            cache.put(str(t.path), keys[r.path], [d.to_cache_dict() for d in r.diagnostics])
         out.results.append(r)
     if cache is not None:
         cache.save()

@@ -91,9 +91,9 @@ class CheckpointMissingScaler(Rule):
         # where the scaler lives: defs, classes, module level
         self.scaler_defs: set[int] = set()
         self.scaler_classes: set[int] = set()
-        # the file restores an optimizer (a resume path): only then does a lost scale matter
-        self.resumes = False
-        self.restores: list[cst.Call] = []  # those restores: the finding matters only if one can run
+        # where the file restores an optimizer (its resume paths): only then does a lost scale
+        # matter, and only if one of them can run
+        self.restores: list[cst.Call] = []
         self.made_in: list = []  # per GradScaler construction: the def whose local it is, else None
         # the `enabled=` condition of each scaler built here (None: always on)
         self.conditions: list[str | None] = []
@@ -122,7 +122,6 @@ class CheckpointMissingScaler(Rule):
                     self.scaler_names.append(t)
             return
         if self._restores_optimizer(node):
-            self.resumes = True
             self.restores.append(node)
         mc = h.method_call(node, "state_dict", *_SCALER_METHODS, *_MUTATORS)
         if mc is not None:
@@ -226,7 +225,7 @@ class CheckpointMissingScaler(Rule):
     # -- decision ---------------------------------------------------------------------
 
     def leave_Module(self, node: cst.Module) -> None:
-        if not self.uses_scaler or 0 in self.saved_defs or not self.resumes:
+        if not self.uses_scaler or 0 in self.saved_defs or not self.restores:
             return  # no resume path restores the optimizer here: the checkpoints are not resumed from
         if facts_of(self.ctx).evidence.bf16_autocast_only:
             return  # every autocast is bfloat16: the scaler's state is worth nothing on resume

@@ -204,11 +204,11 @@ class CallGraph:
         return None
 
     @staticmethod
-    def loops_itself(node: cst.FunctionDef, name: str | None = None) -> bool:
-        """``node`` has a loop of its own (one that reads ``name``, when given): it is one epoch
-        over the batches, not one step."""
+    def loops_itself(node: cst.FunctionDef, name: str | None = None, loop_filter=None) -> bool:
+        """``node`` has a loop of its own (one that reads ``name``, when given; with
+        ``loop_filter``, one it accepts): it is one epoch over the batches, not one step."""
         for n in tree.walk(node.body, skip=_SCOPES):
-            if isinstance(n, (cst.For, cst.While)) and (name is None or any(
+            if isinstance(n, (cst.For, cst.While)) and (loop_filter is None or loop_filter(n)) and (name is None or any(
                     isinstance(m, cst.Name) and m.value == name for m in tree.walk(n.body, skip=_SCOPES))):
                 return True
         return False
@@ -218,18 +218,11 @@ class CallGraph:
         one step, an epoch loop when ``node`` is one epoch (``loops_itself``). State local to
         ``node`` (a GradScaler) then lives for one step or epoch. A ``node`` with an epoch loop of
         its own is a whole training run (atlas's ``train()`` called once per target dataset): None."""
-        if self.loops_itself(node, name) and self._epochs_itself(node, name):
+        if not self.loops_itself(node, name):
+            return self.loop_caller(node)
+        if self.loops_itself(node, name, epoch_loop):
             return None
-        return self.loop_caller(node, epoch_loop if self.loops_itself(node, name) else None)
-
-    @staticmethod
-    def _epochs_itself(node: cst.FunctionDef, name: str | None) -> bool:
-        """``node`` has an epoch loop (``for epoch in range(args.epochs)``) that reads ``name``."""
-        for n in tree.walk(node.body, skip=_SCOPES):
-            if isinstance(n, (cst.For, cst.While)) and epoch_loop(n) and (name is None or any(
-                    isinstance(m, cst.Name) and m.value == name for m in tree.walk(n.body, skip=_SCOPES))):
-                return True
-        return False
+        return self.loop_caller(node, epoch_loop)
 
     def inherited_region(self, node: cst.FunctionDef, _seen: set[int] | None = None) -> Region | None:
         """The autocast region ``node`` runs in when every in-file call of it is inside one
@@ -252,4 +245,3 @@ class CallGraph:
             if found is None:
                 found = Region(region.ac, region.node, region.via or site.call)
         return found
-
