@@ -318,3 +318,22 @@ def test_a_step_whose_update_a_training_script_calls_is_left_out(tmp_path):
     (root / "train.py").write_text("from trainers.gan import Trainer\nTrainer(None, None).gen_update(None)\n")
     code, out = _lint(root, "--format", "json")
     assert [(d["code"], d["line"]) for d in json.loads(out)["diagnostics"]] == [("AMP101", 15)]
+
+
+def test_a_definition_found_by_a_name_built_at_run_time_is_used(tmp_path):
+    # RecBole: getattr(importlib.import_module("pkg.trainer"), model_name + "Trainer")
+    classes = "".join(f"\n\nclass {n}:\n    def fit(self, model, opt, loader):\n"
+                      "        scaler = torch.amp.GradScaler(\"cuda\")\n        for x in loader:\n"
+                      "            scaler.scale(model(x).sum()).backward()\n            scaler.step(opt)\n"
+                      for n in ("NCLTrainer", "NCLRunner"))
+    root = _project(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/trainer.py": "import torch" + classes,
+        "pkg/utils.py": "import importlib\n\n\ndef get_trainer(name):\n"
+                        "    return getattr(importlib.import_module('pkg.trainer'), name + \"Trainer\")\n",
+        "run.py": "from pkg.utils import get_trainer\nget_trainer('NCL')().fit(None, None, [])\n",
+    })
+    doc = json.loads(_lint(root, "--format", "json")[1])
+    # the trainer is looked up by its suffix; the runner, which nothing names, stays left out
+    assert [(d["line"], d["code"]) for d in doc["diagnostics"]] == [(8, "AMP101")]
+    assert [(u["line"], u["definition"]) for u in doc["unreferenced"]] == [(16, "NCLRunner")]

@@ -329,7 +329,7 @@ class Project:
 
     def _referrers(self, d: _Def):
         """The definitions that name ``d``; None for a use that counts by itself."""
-        if d.name.startswith("__") or d.registers:
+        if d.name.startswith("__") or d.registers or self._looked_up(d.name):
             yield None
             return
         in_tests = _is_test_file(d.path)
@@ -345,6 +345,26 @@ class Project:
             if not in_tests and occ.container.test:
                 continue  # product code that only tests exercise does not run in training
             yield occ.container
+
+    def _looked_up(self, name: str) -> bool:
+        """``name`` may be found by a name built at run time: ``getattr(module, model_name +
+        "Trainer")`` (RecBole's trainer registry), ``globals()[f"build_{arch}"]``. Such a lookup
+        uses every definition whose name has that prefix or suffix."""
+        prefixes, suffixes = self._affixes()
+        return any(name.startswith(p) and name != p for p in prefixes) or \
+            any(name.endswith(x) and name != x for x in suffixes)
+
+    def _affixes(self) -> tuple[set[str], set[str]]:
+        hit = self._memo.get("affixes")
+        if hit is None:
+            hit = (set(), set())
+            for f in self.files:
+                if f.endswith(".py") and any(w in self._bytes(f) for w in (b"getattr(", b"globals()")):
+                    tree = self.tree(f)
+                    if tree is not None:
+                        _dynamic_affixes(tree, *hit)
+            self._memo["affixes"] = hit
+        return hit
 
     def in_use(self, path: str, tree: ast.Module) -> bool:
         """Whether the project uses this file at all (some module-level definition is referenced).
@@ -545,6 +565,38 @@ def _uses_under(path: str, node: ast.AST, holder, method, name: str, init: bool)
                         yield _Occurrence(path, holder, method)
         elif _names(n, name):
             yield _Occurrence(path, holder, method)
+
+
+def _dynamic_affixes(tree: ast.Module, prefixes: set[str], suffixes: set[str]) -> None:
+    """The fixed parts of names built at run time and looked up with ``getattr(obj, ...)`` or
+    ``globals()[...]``: ``x + "Trainer"`` and ``f"{x}Trainer"`` give the suffix ``Trainer``,
+    ``"build_" + x`` the prefix ``build_``."""
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "getattr" and len(n.args) >= 2:
+            expr = n.args[1]
+        elif isinstance(n, ast.Subscript) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) \
+                and n.value.func.id in ("globals", "locals", "vars"):
+            expr = n.slice
+        else:
+            continue
+        parts: list = []
+        if isinstance(expr, ast.JoinedStr):
+            parts = list(expr.values)
+        elif isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            stack = [expr]
+            while stack:  # flatten a + b + c, left to right
+                e = stack.pop()
+                if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
+                    stack += [e.right, e.left]
+                else:
+                    parts.append(e)
+        if len(parts) < 2:
+            continue
+        first, last = parts[0], parts[-1]
+        for part, out in ((first, prefixes), (last, suffixes)):
+            if isinstance(part, ast.Constant) and isinstance(part.value, str) and len(part.value) >= 3 \
+                    and part.value.replace("_", "a").isalnum():
+                out.add(part.value)
 
 
 def _auto_imports(init: str) -> bool:

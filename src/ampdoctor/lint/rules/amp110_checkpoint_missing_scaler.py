@@ -32,7 +32,40 @@ def _save_helper(q: str) -> bool:
 
 def _mentions_scaler(names, expr: cst.BaseExpression) -> bool:
     return any(voc.is_scaler(names, n) for n in [expr, *h.walk(expr)] if isinstance(n, (cst.Name, cst.Attribute)))
+
+
 _MUTATORS = ("update", "setdefault", "__setitem__", "pop", "clear")
+_ADDING = ("update", "setdefault", "__setitem__")  # the mutators that can put an entry in
+
+
+def _may_add_scaler(names, key: cst.BaseExpression | None, value: cst.BaseExpression | None) -> bool:
+    """An entry written into a checkpoint dict may be the scaler's state: its key is not a literal
+    string (or one that names a scaler) or its value involves a scaler. ``ckpt["ema"] =
+    ema.state_dict()`` cannot be."""
+    k = h.string_value(key) if key is not None else None
+    if k is None or "scal" in k.lower():
+        return True
+    return value is not None and _mentions_scaler(names, value)
+
+
+def _update_may_add_scaler(names, call: cst.Call) -> bool:
+    """``ckpt.update(...)``/``ckpt.setdefault(...)``/``ckpt.__setitem__(...)`` may add the scaler's
+    state (``update({"ema": ...})`` and ``update(ema=...)`` with other keys cannot)."""
+    meth = call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
+    if meth in ("setdefault", "__setitem__"):
+        args = [a.value for a in call.args]
+        return _may_add_scaler(names, args[0] if args else None, args[1] if len(args) > 1 else None)
+    for a in call.args:
+        if a.keyword is not None:
+            if _may_add_scaler(names, cst.SimpleString(f'"{a.keyword.value}"'), a.value):
+                return True
+        elif isinstance(a.value, cst.Dict) and not a.star:
+            for el in a.value.elements:
+                if not isinstance(el, cst.DictElement) or _may_add_scaler(names, el.key, el.value):
+                    return True
+        else:
+            return True
+    return False
 
 
 @dataclass
@@ -128,7 +161,7 @@ class CheckpointMissingScaler(Rule):
             recv, meth = mc
             if meth in _MUTATORS:
                 d = dotted_name(recv)
-                if d is not None:
+                if d is not None and meth in _ADDING and _update_may_add_scaler(names, node):
                     self.mutated.add((self._scope(), d))
             elif voc.is_scaler(names, recv):
                 if meth == "state_dict":
@@ -210,16 +243,19 @@ class CheckpointMissingScaler(Rule):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
-            self._subscript(t.target)
+            self._subscript(t.target, node.value)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._subscript(node.target)
+        self._subscript(node.target, node.value)
 
-    def _subscript(self, target: cst.BaseExpression) -> None:
-        """``ckpt["scaler"] = ...``: that dict is completed in place."""
+    def _subscript(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        """``ckpt["scaler"] = ...``: that dict may be completed in place (``ckpt["ema"] =
+        ema.state_dict()`` cannot complete it)."""
         if isinstance(target, cst.Subscript):
             d = dotted_name(target.value)
-            if d is not None:
+            key = target.slice[0].slice if len(target.slice) == 1 else None
+            key = key.value if isinstance(key, cst.Index) else None
+            if d is not None and _may_add_scaler(self.ctx.names, key, value):
                 self.mutated.add((self._scope(), d))
 
     # -- decision ---------------------------------------------------------------------
