@@ -31,12 +31,15 @@ def test_doc_exists_with_front_matter_and_sections(code):
 
 @pytest.mark.parametrize("code", RULE_CODES)
 def test_example_triggers_exactly_this_rule(code):
-    _, body = docs.split_front_matter(docs.read(code))
+    meta, body = docs.split_front_matter(docs.read(code))
     secs = docs.sections(body)
     example = docs.code_block(secs.get("Example", ""))
     assert example, f"{code}: no Example code block"
     got = {d.code for d in lint_text(example).diagnostics}
-    assert got == {code}, f"{code}: Example gives {sorted(got)}"
+    # a rule about the deprecated API cannot show its defect without the deprecation: the doc
+    # names such codes in its front matter (`also-reported: AMP501`)
+    also = {c.strip() for c in meta.get("also-reported", "").split(",") if c.strip()}
+    assert got == {code} | also, f"{code}: Example gives {sorted(got)}"
 
 
 @pytest.mark.parametrize("code", RULE_CODES)

@@ -39,6 +39,7 @@ RULES = (
     ('AMP310', 'override-drops-autocast', 'warning', 'suggestion', True, "A subclass's training-step override that drops the base class's autocast region."),
     ('AMP311', 'autocast-and-context', 'error', 'unsafe', True, '`with autocast(...) and other(...):` enters only one of the two, so autocast may never run.'),
     ('AMP312', 'backward-in-forward-region', 'info', 'unsafe', False, "`.backward()` inside the autocast region that ran its whole forward pass: against PyTorch's guidance, same gradients (opt-in)."),
+    ('AMP313', 'device-string-to-device-amp', 'error', 'unsafe', True, '`torch.cuda.amp.GradScaler("cuda")`/`autocast("cuda")`: the string becomes `init_scale`/`enabled` and raises.'),
     ('AMP401', 'empty-cache-in-loop', 'warning', 'unsafe', True, '`torch.cuda.empty_cache()` inside the per-batch training loop.'),
     ('AMP501', 'deprecated-device-amp', 'info', 'safe', True, 'Deprecated `torch.cuda.amp`/`torch.cpu.amp` autocast, GradScaler and custom_fwd/custom_bwd.'),
     ('AMP502', 'deprecated-autocast-getter', 'info', 'safe', True, 'Deprecated per-device autocast state functions such as `torch.get_autocast_gpu_dtype()`.'),

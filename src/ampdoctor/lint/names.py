@@ -35,7 +35,8 @@ def _module_name(node: cst.BaseExpression | None) -> str:
 class Names:
     """Alias table: local name -> fully qualified name."""
 
-    __slots__ = ("aliases", "assigned", "partials", "module_level_imports", "dotted_aliases", "_bound")
+    __slots__ = ("aliases", "assigned", "partials", "module_level_imports", "dotted_aliases", "_bound",
+                 "reimported")
 
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
@@ -51,6 +52,10 @@ class Names:
         # a name bound to different things (`dtype = torch.float16` / `dtype = torch.bfloat16` in
         # the arms of an if) is no alias of either
         self._bound: dict[tuple[int, str], set[str]] = {}  # keyed by (function id, target)
+        # local names imported from more than one place (``try: from torch.amp import GradScaler /
+        # except ImportError: from torch.cuda.amp import GradScaler``): which one holds depends on
+        # the installed version; ``aliases`` keeps the last
+        self.reimported: set[str] = set()
 
     # -- filling ---------------------------------------------------------------
     def add_import(self, node: cst.Import, top_level: bool) -> None:
@@ -76,6 +81,8 @@ class Names:
             else:
                 local = name
             full = f"{module}.{name}" if module else name
+            if self.aliases.get(local, full) != full:
+                self.reimported.add(local)
             self.aliases[local] = full
             if top_level:
                 self.module_level_imports[local] = full

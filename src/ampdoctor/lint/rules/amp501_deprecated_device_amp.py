@@ -4,6 +4,7 @@ import libcst as cst
 from ampdoctor.lint import tree as _tree
 
 from ampdoctor.diagnostics import Severity
+from ampdoctor.lint.semantic import autocast as acs
 from ampdoctor.lint.semantic import branches
 from ampdoctor.lint.semantic import edits
 from ampdoctor.lint.semantic import source
@@ -164,6 +165,8 @@ class DeprecatedDeviceAmp(Rule):
         return self.ctx.min_torch is None or tuple(self.ctx.min_torch) >= _NEEDS[kind]
 
     def _new_call(self, call: cst.Call, kind: str, dev: str, torch_name: str) -> cst.Call:
+        if acs.device_string_misplaced(self.ctx.names, call) is not None:
+            raise _Unfixable  # a device string in the wrong place: AMP313 fixes the call
         func = edits.attr_chain(f"{torch_name}.amp.{kind}")
         args = list(call.args)
         if kind == "autocast":

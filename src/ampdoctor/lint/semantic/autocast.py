@@ -24,6 +24,34 @@ AUTOCAST_CUDA = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autoca
 AUTOCAST_CPU = {"torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast", "torch.cpu.autocast"}
 AUTOCAST_ALL = AUTOCAST_GENERIC | AUTOCAST_CUDA | AUTOCAST_CPU
 
+# the device-specific API takes no device: its first positional parameter
+_DEVICE_SPECIFIC_FIRST = {
+    **{q: "enabled" for q in ("torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast",
+                              "torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast")},
+    **{q: "init_scale" for q in ("torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
+                                 "torch.cpu.amp.GradScaler", "torch.cpu.amp.grad_scaler.GradScaler")},
+}
+
+
+def device_string_misplaced(names: Names, call: cst.CSTNode) -> tuple[str, str] | None:
+    """``torch.cuda.amp.GradScaler("cuda", ...)``, ``torch.cuda.amp.autocast("cuda")``: a string
+    (meant as the device, as ``torch.amp`` takes it) given as the first positional argument of
+    the device-specific API, where it becomes ``init_scale`` / ``enabled``, and the first
+    ``scale()`` / entering the region raises TypeError. Returns (that parameter, the string)."""
+    if not isinstance(call, cst.Call) or not call.args:
+        return None
+    base = call.func
+    while isinstance(base, cst.Attribute):
+        base = base.value
+    if isinstance(base, cst.Name) and base.value in names.reimported:
+        return None  # the device-generic API where the installed torch has it
+    param = _DEVICE_SPECIFIC_FIRST.get(names.qualified(call.func) or "")
+    first = call.args[0]
+    if param is None or first.keyword is not None or first.star or \
+            not isinstance(first.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        return None
+    return param, string_value(first.value) or "..."
+
 
 class Autocast:
     """What is statically known about one ``autocast(...)`` call."""
