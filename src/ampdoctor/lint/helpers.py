@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Iterator
 
 import libcst as cst
@@ -117,9 +119,15 @@ def loop_header(loop: cst.CSTNode) -> list[cst.CSTNode]:
     return [loop.target, loop.iter] if isinstance(loop, cst.For) else [loop.test]  # type: ignore[attr-defined]
 
 
+# a quantity of one epoch, not a count of epochs: `iters_per_epoch`, `total_it_each_epoch`
+_PER_EPOCH = re.compile(r"(per|each|every|in|one)_?epoch", re.I)
+
+
 def epoch_loop(loop: cst.CSTNode) -> bool:
-    """``for epoch in range(...)``, ``while epoch < n``, ``range(self.num_epochs)``: a loop over epochs."""
-    return any("epoch" in n for part in loop_header(loop) for n in names_in(part))
+    """``for epoch in range(...)``, ``while epoch < n``, ``range(self.num_epochs)``: a loop over
+    epochs. ``range(start_it, total_it_each_epoch)`` is a loop over the batches of one epoch."""
+    return any("epoch" in n.lower() and not _PER_EPOCH.search(n)
+               for part in loop_header(loop) for n in names_in(part))
 
 
 # -- dtypes ------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ from ampdoctor.lint.semantic import autocast as acs
 from ampdoctor.lint.semantic import branches
 from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.semantic import vocabulary as voc
+from ampdoctor.lint.semantic.facts import facts_of
+from ampdoctor.lint.names import dotted_name
+
+
+# words of an `enabled=` expression that make it follow the dtype (`args.fp16`, `dtype == ...`)
+_DTYPE_WORDS = ("16", "half", "dtype", "bf", "fp", "float")
 
 
 @dataclass
@@ -21,6 +27,9 @@ class _Scaler:
     bf16_enabled: bool  # `enabled=` is true because the run is bf16
     conditional: bool  # created under a branch about the precision
     bf16_param: str | None = None  # the function building it accepts a bf16 precision
+    setting: cst.BaseExpression | None = None  # what the file assigns to `enabled=self.amp` (one value)
+    key: tuple = ()  # (the def or class it lives in, the name it is bound to)
+    where: str = "function"  # which of the two
 
 
 class GradScalerWithBf16(Rule):
@@ -29,12 +38,23 @@ class GradScalerWithBf16(Rule):
     code = "AMP108"
     name = "grad-scaler-with-bf16"
     severity = Severity.WARNING
-    message = ("This GradScaler is enabled for bfloat16 too (`enabled={e}`): bf16 has fp32's exponent "
+    message = ("This GradScaler is enabled for bfloat16 too (`enabled={e}`): {via}bf16 has fp32's exponent "
                "range and needs no loss scaling, so it only adds an unscale and an inf check to every "
                "step and can skip steps. Enable it for float16 only.")
     all_bf16_message = ("This GradScaler is always enabled, yet every autocast region in this file runs in "
                         "bfloat16: bf16 needs no loss scaling, and the scaler adds an unscale and an inf check "
                         "to every step and can skip steps. Drop it, or create it with `enabled=False` for bf16.")
+    flag_message = ("This GradScaler is enabled by the bfloat16 switch (`enabled={e}`): bf16 has fp32's "
+                    "exponent range and needs no loss scaling, so it only adds an unscale and an inf check to "
+                    "every step and can skip steps. Enable it for float16 only.")
+    switch_message = ("This GradScaler is on whenever AMP is, bfloat16 included: `enabled={e}` does not look at "
+                      "the dtype, which `{d}` can make bfloat16. bf16 has fp32's exponent range and needs no loss "
+                      "scaling, so the scaler only adds an unscale and an inf check to every step and can skip "
+                      "steps. Enable it for float16 only.")
+    switch_all_bf16_message = ("This GradScaler is on whenever AMP is, and this {where}'s AMP is bfloat16: "
+                               "`enabled={e}` does not look at the dtype, and every autocast region of this {where} "
+                               "runs in bfloat16, which needs no loss scaling. The scaler only adds an unscale and an "
+                               "inf check to every step and can skip steps. Drop it, or enable it for float16 only.")
     param_message = ("This GradScaler is always enabled, although this code accepts bfloat16 (`{p}`): "
                      "for bf16 it adds an unscale and an inf check to every step and can skip steps. "
                      "Create it with `enabled=` true for float16 only.")
@@ -47,6 +67,9 @@ class GradScalerWithBf16(Rule):
         super().__init__(ctx)
         self.scalers: list[_Scaler] = []
         self.autocasts: list[acs.Autocast] = []
+        self.places: dict[int, set[int]] = {}  # id(autocast call) -> ids of the def and class around it
+        self.guarded: set[tuple] = set()  # scalers whose `S.scale(loss)` sits in a branch about the precision
+        self.used: set[tuple] = set()  # ... and those that scale a loss outside such a branch
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
@@ -54,14 +77,23 @@ class GradScalerWithBf16(Rule):
         if ac is not None:
             if ac.enabled is not False:
                 self.autocasts.append(ac)
+                self.places[id(node)] = {id(p) for p in self.ctx.ancestors() if isinstance(p, (cst.FunctionDef, cst.ClassDef))}
+            return
+        scaled = voc.scaled_by(names, node)
+        if scaled is not None:
+            (self.guarded if u.in_precision_branch(self.ctx) else self.used).add(self._key(scaled))
             return
         if not u.is_grad_scaler_ctor(names, node) or h.has_star_args(node):
             return
         enabled = u.scaler_enabled(names, node)
-        self.scalers.append(_Scaler(
-            node, enabled,
-            enabled is not None and u.enables_for_bf16(names, enabled),
-            u.in_precision_branch(self.ctx), self._bf16_parameter()))
+        # `enabled=self.use_amp` with `self.use_amp = precision != "fp32"` elsewhere in the file
+        values = facts_of(self.ctx).assigned_values(dotted_name(enabled) or "") if enabled is not None else []
+        setting = values[0] if len(values) == 1 else None
+        bf16 = enabled is not None and (u.enables_for_bf16(names, enabled) or
+                                        setting is not None and u.enables_for_bf16(names, setting))
+        self.scalers.append(_Scaler(node, enabled, bf16, u.in_precision_branch(self.ctx),
+                                    self._bf16_parameter(), setting, self._key(u.scaler_target(self.ctx) or "scaler"),
+                                    "class" if (u.scaler_target(self.ctx) or "").startswith(("self.", "cls.")) else "function"))
 
     def _bf16_parameter(self) -> str | None:
         """``precision="bf16"`` (or a dtype parameter the function turns into bfloat16) among the
@@ -87,7 +119,13 @@ class GradScalerWithBf16(Rule):
         fp16_possible = any(ac.effective_dtype != "bfloat16" for ac in acs)
         implicit = any(ac.dtype_expr is None and ac.device != "cpu" for ac in acs)
         all_bf16 = bool(acs) and not fp16_possible
+        facts = facts_of(self.ctx)
         for s in self.scalers:
+            # an autocast where the scaler lives (its def, or its class for `self.scaler`) whose
+            # dtype is a choice that includes bfloat16 (`dtype=AMP_DTYPE[cfg.amp_dtype]`)
+            here = [ac for ac in acs if s.key[0] in self.places.get(id(ac.call), ())]
+            choice = next((ac for ac in here if ac.dtype_expr is not None and
+                           "bfloat16" in conv.selectable_dtypes(self.ctx.names, ac.dtype_expr, facts)), None)
             if s.bf16_enabled:
                 fix = None
                 # disabling the scaler for bf16 is only right when autocast really runs bf16
@@ -96,9 +134,38 @@ class GradScalerWithBf16(Rule):
                     new = u.fp16_only_rewrite(self.ctx.names, s.enabled)
                     if new is not None:
                         fix = FixSpec(((s.enabled, new),), safe=True, title=self.fix_title)
-                self.report(s.call, self.message.format(e=u.short(s.enabled)), fix)
+                if voc.is_bf16_flag(s.enabled):
+                    self.report(s.call, self.flag_message.format(e=u.short(s.enabled)), fix)
+                else:
+                    via = "" if s.setting is None or u.enables_for_bf16(self.ctx.names, s.enabled) else \
+                        f"`{u.short(s.enabled, 40)}` is `{u.short(s.setting, 40)}`. "
+                    self.report(s.call, self.message.format(e=u.short(s.enabled), via=via), fix)
             elif s.bf16_param is not None and not s.conditional and \
                     (s.enabled is None or u.is_literal(s.enabled, True)):
                 self.report(s.call, self.param_message.format(p=s.bf16_param))
             elif all_bf16 and not s.conditional and (s.enabled is None or u.is_literal(s.enabled, True)):
                 self.report(s.call, self.all_bf16_message)
+            elif choice is not None and self._switch(s) and not s.conditional and s.key in self.used \
+                    and s.key not in self.guarded:
+                # on with mixed precision whatever its dtype, and the dtype can be bfloat16
+                e = u.short(s.enabled) if s.enabled else "True"
+                if all(ac.effective_dtype == "bfloat16" for ac in here):
+                    self.report(s.call, self.switch_all_bf16_message.format(e=e, where=s.where))
+                else:
+                    self.report(s.call, self.switch_message.format(e=e, d=u.short(choice.dtype_expr, 40)))
+
+    def _key(self, name: str) -> tuple:
+        """A scaler name with where it lives: the class for ``self.scaler``, else the def."""
+        kinds = (cst.ClassDef,) if name.startswith(("self.", "cls.")) else (cst.FunctionDef,)
+        owner = next((p for p in self.ctx.ancestors() if isinstance(p, kinds)), None)
+        return id(owner), name
+
+    def _switch(self, s: _Scaler) -> bool:
+        """``enabled=`` turns mixed precision on or off without looking at the dtype
+        (``cfg.enable_amp``, ``amp and grad_scaling``; absent): the scaler is on for every
+        autocast dtype."""
+        if s.enabled is None:
+            return True
+        if u.is_literal(s.enabled, False):
+            return False
+        return not any(u.test_mentions(self.ctx.names, e, _DTYPE_WORDS) for e in (s.enabled, s.setting) if e is not None)

@@ -107,3 +107,51 @@ def possible_dtypes(names: Names, expr: cst.CSTNode | None) -> set[str]:
                 return possible_dtypes(names, el.value)
         return set()
     return set()
+
+
+def selectable_dtypes(names: Names, expr: cst.CSTNode | None, facts, depth: int = 0) -> set[str]:
+    """Every dtype a setting can select, following the file's assignments: the arms of
+    ``torch.float16 if p == "fp16" else torch.bfloat16``, each value of a dtype table looked up by
+    a variable (``AMP_DTYPE[cfg.amp_dtype]`` with ``AMP_DTYPE = dict(float16=..., bfloat16=...)``),
+    ``self.precision`` through what the file assigns to it. Unlike ``possible_dtypes`` (what one
+    configuration holds), this is the set of choices."""
+    if expr is None or depth > 3:
+        return set()
+    d = h.dtype_of(names, expr)
+    if d is not None:
+        return {d}
+    if isinstance(expr, cst.IfExp):
+        return selectable_dtypes(names, expr.body, facts, depth) | selectable_dtypes(names, expr.orelse, facts, depth)
+    if isinstance(expr, cst.BooleanOperation):
+        return selectable_dtypes(names, expr.left, facts, depth) | selectable_dtypes(names, expr.right, facts, depth)
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1:
+        if isinstance(expr.value, cst.Dict) and possible_dtypes(names, expr):
+            return possible_dtypes(names, expr)  # a literal key picks one entry
+        out: set[str] = set()
+        for table in _tables(expr.value, facts):
+            for v in _table_values(table):
+                out |= selectable_dtypes(names, v, facts, depth + 1)
+        return out
+    if isinstance(expr, (cst.Name, cst.Attribute)):
+        target = dotted_name(expr)
+        out = set()
+        for v in (facts.assigned_values(target) if target else ()):
+            out |= selectable_dtypes(names, v, facts, depth + 1)
+        return out
+    return set()
+
+
+def _tables(expr: cst.BaseExpression, facts) -> list[cst.BaseExpression]:
+    """A dict literal, or what the file binds the name of one to."""
+    if isinstance(expr, (cst.Dict, cst.Call)):
+        return [expr]
+    target = dotted_name(expr)
+    return list(facts.assigned_values(target)) if target else []
+
+
+def _table_values(table: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if isinstance(table, cst.Dict):
+        return [el.value for el in table.elements if isinstance(el, cst.DictElement)]
+    if isinstance(table, cst.Call) and isinstance(table.func, cst.Name) and table.func.value == "dict":
+        return [a.value for a in table.args if a.keyword is not None]
+    return []

@@ -17,7 +17,7 @@ PRECISION_WORDS = frozenset({"bf16", "bfloat16", "bfloat", "fp16", "float16", "h
 PRECISION_SUBSTRINGS = ("16", "half", "dtype", "precision", "bf", "fp", "float", "scal", "amp_mode")
 GRAD_SCALERS = ("GradScaler", "ShardedGradScaler")
 
-_BF16_FLAG = re.compile(r"^(use_|is_|enable_|with_|do_)?(bf16|bfloat16)(_enabled|_mode|_training|_amp)?$")
+_BF16_FLAG = re.compile(r"^(use_|is_|enable_|with_|do_)?(bf16|bfloat16)(_enabled|_mode|_training|_amp|_run|_train)?$")
 _OPT_RE = re.compile(r"(.*_)?opts?(_.*|\d+|[a-z])?")
 
 
