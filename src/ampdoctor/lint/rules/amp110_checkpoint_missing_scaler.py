@@ -31,7 +31,7 @@ def _save_helper(q: str) -> bool:
 
 
 def _mentions_scaler(names, expr: cst.BaseExpression) -> bool:
-    return any(voc.is_scaler(names, n) for n in [expr, *h.walk(expr)] if isinstance(n, (cst.Name, cst.Attribute)))
+    return any(voc.holds_scaler_state(names, n) for n in [expr, *h.walk(expr)] if isinstance(n, (cst.Name, cst.Attribute)))
 
 
 _MUTATORS = ("update", "setdefault", "__setitem__", "pop", "clear")
@@ -141,7 +141,7 @@ class CheckpointMissingScaler(Rule):
         self.order += 1
         names = self.ctx.names
         scope, _, klass = _where(self.ctx)
-        if u.is_grad_scaler_ctor(names, node):
+        if u.is_grad_scaler_ctor(names, node) or voc.is_scaler_wrapper_name(names.qualified(node.func)):
             if not u.scaler_off(names, node):
                 en = u.scaler_enabled(names, node)
                 precision = en is not None and u.precision_test(names, en)
@@ -163,7 +163,7 @@ class CheckpointMissingScaler(Rule):
                 d = dotted_name(recv)
                 if d is not None and meth in _ADDING and _update_may_add_scaler(names, node):
                     self.mutated.add((self._scope(), d))
-            elif voc.is_scaler(names, recv):
+            elif voc.holds_scaler_state(names, recv):
                 if meth == "state_dict":
                     self.saved_defs.add(scope)
                     if klass is not None:
@@ -270,9 +270,12 @@ class CheckpointMissingScaler(Rule):
             return  # each scaler is made anew by a function called in a loop (AMP107): its state never outlives a call
         s = self.scaler_names[0] if len(self.scaler_names) == 1 else "scaler"
         seen: set[int] = set()
-        # def -> the optimizers of its reported checkpoints: the checkpoint of another optimizer in
-        # the same def (G and D, one scaler) needs no second report, the same one saved twice does
-        reported: dict[int, set[str]] = {}
+        # def -> its first checkpoint without the scaler, that checkpoint's optimizer, and how many
+        # more checkpoints of the same optimizer it writes (one report: a second one on the same
+        # function reads as a duplicate). The checkpoint of another optimizer in the same def (G
+        # and D, one scaler) needs no mention: saving the scaler once restores it.
+        first: dict[int, tuple[_Save, str]] = {}
+        more: dict[int, int] = {}
         helpers: set[tuple[int, str]] = set()
         for save in self.saves:
             d = save.call if save.optimizer_given else self._dict_of(save)
@@ -291,16 +294,21 @@ class CheckpointMissingScaler(Rule):
                     continue
                 helpers.add((save.func_id, q))
             opt = self._optimizer_text(save, d)
-            done = reported.setdefault(save.func_id, set())
-            if done and opt not in done:
-                continue
-            done.add(opt)
-            conds = set(self.conditions)
+            if save.func_id not in first:
+                first[save.func_id] = (save, opt)
+            elif first[save.func_id][1] == opt:
+                more[save.func_id] = more.get(save.func_id, 0) + 1
+        conds = set(self.conditions)
+        for func_id, (save, _) in first.items():
             if len(conds) == 1 and None not in conds:
-                self.report(save.call, self.conditional_message.format(s=s, cond=conds.pop()),
-                            premises=self.restores)
+                msg = self.conditional_message.format(s=s, cond=next(iter(conds)))
             else:
-                self.report(save.call, self.message.format(s=s), premises=self.restores)
+                msg = self.message.format(s=s)
+            n = more.get(func_id, 0)
+            if n:
+                msg += (f" The {n} other checkpoint{'s' if n > 1 else ''} this "
+                        f"{'function' if func_id else 'script'} writes lack{'' if n > 1 else 's'} it too.")
+            self.report(save.call, msg, premises=self.restores)
 
     def _dict_of(self, save: _Save) -> cst.Dict | None:
         return self._as_dict(save.arg, save, 0)

@@ -46,6 +46,18 @@ def is_scaler(names: Names, expr: cst.BaseExpression) -> bool:
     return "scaler" in d.rsplit(".", 1)[-1].lower()
 
 
+def is_scaler_wrapper_name(qualified: str | None) -> bool:
+    """timm's ``NativeScaler`` and MAE's ``NativeScalerWithGradNormCount``: a callable that owns a
+    GradScaler (``loss_scaler(loss, optimizer)`` scales, steps and updates it) and exposes its
+    ``state_dict()``; its protocol is not the GradScaler's, but its state is."""
+    return bool(qualified) and "NativeScaler" in qualified.rsplit(".", 1)[-1]  # type: ignore[union-attr]
+
+
+def holds_scaler_state(names: Names, expr: cst.BaseExpression) -> bool:
+    """A receiver whose ``state_dict()`` is a loss scaler's: a GradScaler or a wrapper of one."""
+    return is_scaler(names, expr) or is_scaler_wrapper_name(names.made_by(expr))
+
+
 def scaled_by(names: Names, node: cst.CSTNode) -> str | None:
     """For ``S.scale(x)`` on a GradScaler receiver: the dotted name of ``S`` ("scaler" when it has
     none), else None."""
