@@ -5,11 +5,15 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic import casts as conv
+from ampdoctor.lint.semantic import source
+from ampdoctor.lint.semantic.facts import facts_of
 
 _FSDP = {"torch.distributed.fsdp.FullyShardedDataParallel", "torch.distributed.fsdp.fully_sharded_data_parallel."
          "FullyShardedDataParallel", "torch.distributed.fsdp.fully_shard", "torch.distributed._composable.fsdp."
          "fully_shard", "torch.distributed.fsdp._fully_shard.fully_shard"}
 _POLICIES = {"MixedPrecision", "MixedPrecisionPolicy"}
+_CHOICE = "choice:"  # a policy whose param_dtype is a configured choice including float16
 
 
 class FsdpFp16NoShardedScaler(Rule):
@@ -19,8 +23,11 @@ class FsdpFp16NoShardedScaler(Rule):
     name = "fsdp-fp16-no-sharded-scaler"
     severity = Severity.ERROR
     message = ("FSDP computes in float16 here but this code builds no `ShardedGradScaler`: the policy is "
-               "`{policy}`. {why} Use "
+               "`{policy}`, and {why} Use "
                "`torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler`, or `param_dtype=torch.bfloat16`.")
+    choice_message = ("FSDP can compute in float16 here but this code builds no `ShardedGradScaler`: the "
+                      "policy's `param_dtype={p}` can select torch.float16, and then {why} Use "
+                      "`torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler` for that choice.")
     fix_availability = "suggestion"
     words = (b"MixedPrecision",)
     also = (b"float16", b"half")
@@ -56,6 +63,9 @@ class FsdpFp16NoShardedScaler(Rule):
         if p is not None and h.dtype_of(self.ctx.names, p) == "float16":
             text = " ".join(cst.Module([]).code_for_node(node).split())
             return text if len(text) <= 50 else text.split("(", 1)[0] + "(param_dtype=torch.float16, ...)"
+        if p is not None and "float16" in conv.selectable_dtypes(self.ctx.names, p, facts_of(self.ctx)):
+            # `param_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.mixed_precision]`
+            return _CHOICE + source.short(p, 40)
         return None
 
     def leave_Assign(self, node: cst.Assign) -> None:
@@ -91,4 +101,7 @@ class FsdpFp16NoShardedScaler(Rule):
             why = ("a plain GradScaler sees only this rank's shard of the gradients, so ranks disagree on whether "
                    "to skip a step and the unscale misses the other shards." if plain else
                    "without loss scaling float16 gradients below about 6e-8 underflow to 0 and training stalls.")
-            self.report(call, self.message.format(policy=src, why=why))
+            if src.startswith(_CHOICE):
+                self.report(call, self.choice_message.format(p=src[len(_CHOICE):], why=why))
+            else:
+                self.report(call, self.message.format(policy=src, why=why))
