@@ -14,6 +14,7 @@ RULES = (
     ('AMP111', 'grad-penalty-unscaled', 'warning', 'suggestion', True, 'A gradient penalty (`autograd.grad(create_graph=True)`) on unscaled outputs while a GradScaler is used.'),
     ('AMP112', 'tiny-init-scale', 'warning', 'suggestion', True, 'A `GradScaler` whose small `init_scale` and long `growth_interval` keep the scale low for many steps.'),
     ('AMP113', 'fsdp-fp16-no-sharded-scaler', 'error', 'suggestion', True, 'FSDP `MixedPrecision(param_dtype=torch.float16)` trained without a `ShardedGradScaler`.'),
+    ('AMP114', 'clip-skipped-under-amp', 'warning', 'suggestion', True, 'The float32 branch clips gradients and the GradScaler branch steps without clipping.'),
     ('AMP201', 'mask-fill-overflow', 'error', 'unsafe', True, '`masked_fill` or an additive `mask * C` mask with a constant such as -1e9 that overflows float16, in a file that uses float16.'),
     ('AMP202', 'neg-inf-padding-mask', 'warning', 'suggestion', True, 'A -inf padding mask before a softmax in causal attention: left-padded rows turn into NaN.'),
     ('AMP203', 'mask-finfo-min-sum', 'warning', 'suggestion', False, 'Two additive masks built from `torch.finfo(dtype).min` added together: the sum overflows to -inf (opt-in).'),

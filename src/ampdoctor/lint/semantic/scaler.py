@@ -44,6 +44,19 @@ CLIP_FUNCS = {
     "timm.utils.dispatch_clip_grad", "timm.utils.clip_grad.dispatch_clip_grad",
     "timm.utils.adaptive_clip_grad", "timm.utils.agc.adaptive_clip_grad",
 }
+
+
+def clips_gradients(names, node: cst.CSTNode) -> bool:
+    """A call that clips gradients, whatever it is given: ``torch.nn.utils.clip_grad_norm_``,
+    timm's ``dispatch_clip_grad``, ``model.clip_grad_norm_`` (FSDP), ``accelerator.clip_grad_norm_``,
+    a clipper method (``self.clip_grad_value(...)``)."""
+    if not isinstance(node, cst.Call):
+        return False
+    if names.qualified(node.func) in CLIP_FUNCS:
+        return True
+    return isinstance(node.func, cst.Attribute) and node.func.attr.value.startswith(("clip_grad", "clip_grads"))
+
+
 # functions that measure whatever they are given: a clip event when given ``.grad`` tensors
 NORM_FUNCS = {
     "torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.get_total_norm", "torch.norm",
