@@ -359,7 +359,7 @@ class Project:
         if hit is None:
             hit = (set(), set())
             for f in self.files:
-                if f.endswith(".py") and any(w in self._bytes(f) for w in (b"getattr(", b"globals()")):
+                if f.endswith(".py") and _DYNAMIC_NAME.search(self._bytes(f)):
                     tree = self.tree(f)
                     if tree is not None:
                         _dynamic_affixes(tree, *hit)
@@ -565,6 +565,12 @@ def _uses_under(path: str, node: ast.AST, holder, method, name: str, init: bool)
                         yield _Occurrence(path, holder, method)
         elif _names(n, name):
             yield _Occurrence(path, holder, method)
+
+
+# a name built at run time and looked up: getattr(m, x + "Trainer"), globals()[f"build_{x}"]
+# (arguments nested one call deep); only files that match are parsed
+_DYNAMIC_NAME = re.compile(rb"""(?:getattr\(|globals\(\)\[|locals\(\)\[|vars\([^()]*\)\[)"""
+                           rb"""(?:[^()\[\]]|\([^()]*\)|\[[^\[\]]*\])*?(?:\+\s*['"]|['"]\s*\+|\bf['"])""")
 
 
 def _dynamic_affixes(tree: ast.Module, prefixes: set[str], suffixes: set[str]) -> None:
