@@ -107,8 +107,13 @@ class FunctionFlow:
 
     def _bind(self, target: cst.CSTNode, value, stmt: cst.CSTNode, header_only: bool = False) -> None:
         if isinstance(target, (cst.Tuple, cst.List)):
-            for e in target.elements:
-                self._bind(e.value, None, stmt, header_only)
+            # `q, k, v = a.float(), b.float(), c.float()`: each name gets its own element
+            values = None
+            if isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(target.elements) \
+                    and not any(isinstance(e, cst.StarredElement) for e in (*value.elements, *target.elements)):
+                values = [e.value for e in value.elements]
+            for i, e in enumerate(target.elements):
+                self._bind(e.value, values[i] if values else None, stmt, header_only)
             return
         if isinstance(target, cst.StarredElement):
             self._bind(target.value, None, stmt, header_only)
