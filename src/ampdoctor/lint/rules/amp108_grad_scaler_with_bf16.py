@@ -47,12 +47,12 @@ class GradScalerWithBf16(Rule):
     flag_message = ("This GradScaler is enabled by the bfloat16 switch (`enabled={e}`): bf16 has fp32's "
                     "exponent range and needs no loss scaling, so it only adds an unscale and an inf check to "
                     "every step and can skip steps. Enable it for float16 only.")
-    switch_message = ("This GradScaler is on whenever AMP is, bfloat16 included: `enabled={e}` does not look at "
-                      "the dtype, which `{d}` can make bfloat16. bf16 has fp32's exponent range and needs no loss "
+    switch_message = ("This GradScaler is on whenever AMP is, bfloat16 included: {e}, and the autocast's "
+                      "`dtype={d}` can be bfloat16. bf16 has fp32's exponent range and needs no loss "
                       "scaling, so the scaler only adds an unscale and an inf check to every step and can skip "
                       "steps. Enable it for float16 only.")
     switch_all_bf16_message = ("This GradScaler is on whenever AMP is, and this {where}'s AMP is bfloat16: "
-                               "`enabled={e}` does not look at the dtype, and every autocast region of this {where} "
+                               "{e}, and every autocast region of this {where} "
                                "runs in bfloat16, which needs no loss scaling. The scaler only adds an unscale and an "
                                "inf check to every step and can skip steps. Drop it, or enable it for float16 only.")
     param_message = ("This GradScaler is always enabled, although this code accepts bfloat16 (`{p}`): "
@@ -148,7 +148,8 @@ class GradScalerWithBf16(Rule):
             elif choice is not None and self._switch(s) and not s.conditional and s.key in self.used \
                     and s.key not in self.guarded:
                 # on with mixed precision whatever its dtype, and the dtype can be bfloat16
-                e = u.short(s.enabled) if s.enabled else "True"
+                e = f"`enabled={u.short(s.enabled)}` does not look at the dtype" if s.enabled else \
+                    "it is always enabled, whatever the dtype"
                 if all(ac.effective_dtype == "bfloat16" for ac in here):
                     self.report(s.call, self.switch_all_bf16_message.format(e=e, where=s.where))
                 else:

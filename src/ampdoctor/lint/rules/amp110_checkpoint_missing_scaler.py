@@ -143,7 +143,10 @@ class CheckpointMissingScaler(Rule):
         scope, _, klass = _where(self.ctx)
         if u.is_grad_scaler_ctor(names, node) or voc.is_scaler_wrapper_name(names.qualified(node.func)):
             if not u.scaler_off(names, node):
+                # the mode that enables it: `enabled=args.fp16`, or the `if` it is made under
                 en = u.scaler_enabled(names, node)
+                if en is None:
+                    en = u.precision_guard(self.ctx)
                 precision = en is not None and u.precision_test(names, en)
                 self.conditions.append(u.short(en, 40) if precision else None)  # a precision mode, not the device
                 t = u.scaler_target(self.ctx)

@@ -209,6 +209,20 @@ def top_level_statement(ctx: Context) -> cst.CSTNode | None:
     return None
 
 
+def precision_guard(ctx: Context) -> cst.BaseExpression | None:
+    """The test of the innermost ``if`` (or conditional expression) about the precision whose
+    true arm holds the current node: ``if opt.mixed_precision is True: scaler = GradScaler()``,
+    ``GradScaler() if args.fp16 else None``. None elsewhere, in an ``else`` arm included."""
+    stack = ctx.parents
+    for i in range(len(stack) - 2, -1, -1):
+        p, child = stack[i], stack[i + 1]
+        if isinstance(p, (cst.If, cst.IfExp)) and child is not p.test:
+            if child is p.body and precision_test(ctx.names, p.test):
+                return p.test
+            return None
+    return None
+
+
 def in_precision_branch(ctx: Context, words=voc.PRECISION_SUBSTRINGS) -> bool:
     """Inside an if/else or conditional expression whose test is about the precision."""
     stack = ctx.parents
