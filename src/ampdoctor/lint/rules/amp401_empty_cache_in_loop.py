@@ -6,6 +6,9 @@ from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.semantic import vocabulary as voc
 from ampdoctor.lint.rule import FixSpec, Rule
+from ampdoctor.lint.semantic import source
+from ampdoctor.lint.semantic.facts import facts_of
+from ampdoctor.lint.semantic.flow import flow_of
 
 _EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache", "torch.mps.empty_cache",
                 "torch.xpu.empty_cache", "torch.npu.empty_cache"}
@@ -35,10 +38,18 @@ class EmptyCacheInLoop(Rule):
     severity = Severity.WARNING
     message = ("`{f}()` runs on every batch: it frees nothing PyTorch would not reuse, forces a device "
                "sync and makes the next allocations slow. Remove it, or call it only between epochs.")
+    helper_message = ("`{call}` runs `{f}()` on every batch: `{helper}` empties the cache, which frees "
+                      "nothing PyTorch would not reuse, forces a device sync and makes the next allocations slow. "
+                      "Call it only between epochs, or drop the `empty_cache()` from it.")
     fix_title = "Remove the `empty_cache()` call"
     fix_availability = "unsafe"
     words = (b"empty_cache",)
     summary = "`torch.cuda.empty_cache()` inside the per-batch training loop."
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # helpers of this file that empty the cache on every call: (the def, the function name)
+        self.helpers: list[tuple[cst.FunctionDef, str]] = []
 
     def visit_Call(self, node: cst.Call) -> None:
         qn = self.ctx.names.call_name(node)
@@ -56,6 +67,10 @@ class EmptyCacheInLoop(Rule):
             if isinstance(p, cst.FunctionDef) and p.name.value in _PER_STEP and self._in_class():
                 loop = p  # a trainer's per-step method: the framework calls it on every batch
                 break
+            if isinstance(p, cst.FunctionDef) and not self._explained():
+                # a helper (`def free_memory(self): torch.cuda.empty_cache()`): its callers decide
+                self.helpers.append((p, qn.replace(".memory", "")))
+                return
             if isinstance(p, h.SCOPES):
                 return
         if loop is None or (not isinstance(loop, cst.FunctionDef) and not self._per_batch(loop)):
@@ -63,6 +78,30 @@ class EmptyCacheInLoop(Rule):
         if self._shared_device() or self._explained():
             return
         self.report(node, self.message.format(f=qn.replace(".memory", "")), self._fix())
+
+    def leave_Module(self, node: cst.Module) -> None:
+        """A helper that empties the cache, called unconditionally on every batch of a training
+        loop of this file (HALOs' `self.free_memory()` after each optimizer step)."""
+        if not self.helpers or self._shared_device():
+            return
+        graph = facts_of(self.ctx).calls
+        for fn_node, f in self.helpers:
+            fn = graph.function(fn_node)
+            if fn is None:
+                continue
+            for site in fn.sites:
+                if site.caller is None or site.caller.node is fn_node:
+                    continue
+                loop = None
+                for p in flow_of(self.ctx, site.caller.node).ancestors(site.call):
+                    if isinstance(p, (cst.If, cst.IfExp, cst.ExceptHandler, cst.Finally)):
+                        break
+                    if isinstance(p, h.LOOPS):
+                        loop = p
+                        break
+                if loop is not None and self._per_batch(loop):
+                    self.report(site.call, self.helper_message.format(call=source.short(site.call, 40), f=f,
+                                                                        helper=fn.qualname))
 
     def _shared_device(self) -> bool:
         """vLLM (or another engine with its own allocator) in the same process: the cached
@@ -97,7 +136,10 @@ class EmptyCacheInLoop(Rule):
             return False
         header_names = [n for part in h.loop_header(loop) for n in h.names_in(part)]
         body_nodes = list(h.walk(loop.body))
-        if any(isinstance(n, h.LOOPS) for n in body_nodes):
+        # `for train_batch in self.train_iterator:` iterates batches even when it loops over the
+        # micro-batches of each inside
+        over_batches = isinstance(loop, cst.For) and any("batch" in n for n in h.names_in(loop.target))
+        if not over_batches and any(isinstance(n, h.LOOPS) for n in body_nodes):
             return False  # an outer loop (epochs, or items around an inner loop)
         if any(isinstance(n, cst.Call) and (self.ctx.names.qualified(n.func) or "") in _MEMORY_STATS
                for n in body_nodes):
