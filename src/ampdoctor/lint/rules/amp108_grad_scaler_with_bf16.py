@@ -30,6 +30,7 @@ class _Scaler:
     setting: cst.BaseExpression | None = None  # what the file assigns to `enabled=self.amp` (one value)
     key: tuple = ()  # (the def or class it lives in, the name it is bound to)
     where: str = "function"  # which of the two
+    wrapper: bool = False  # a wrapper that owns a GradScaler (timm's NativeScaler): called, not `.scale()`d
 
 
 class GradScalerWithBf16(Rule):
@@ -60,7 +61,7 @@ class GradScalerWithBf16(Rule):
                      "Create it with `enabled=` true for float16 only.")
     fix_title = "Enable the GradScaler for float16 only"
     fix_availability = "safe"
-    words = (b"GradScaler",)
+    words = (b"GradScaler", b"NativeScaler")
     summary = "A `GradScaler` that is enabled for bfloat16 autocast, which needs no loss scaling."
 
     def __init__(self, ctx) -> None:
@@ -70,6 +71,8 @@ class GradScalerWithBf16(Rule):
         self.places: dict[int, set[int]] = {}  # id(autocast call) -> ids of the def and class around it
         self.guarded: set[tuple] = set()  # scalers whose `S.scale(loss)` sits in a branch about the precision
         self.used: set[tuple] = set()  # ... and those that scale a loss outside such a branch
+        self.calls: set[tuple] = set()  # names called or passed to a call, outside such a branch
+        self.guarded_calls: set[tuple] = set()  # ... and inside one
 
     def visit_Call(self, node: cst.Call) -> None:
         names = self.ctx.names
@@ -82,6 +85,17 @@ class GradScalerWithBf16(Rule):
         scaled = voc.scaled_by(names, node)
         if scaled is not None:
             (self.guarded if u.in_precision_branch(self.ctx) else self.used).add(self._key(scaled))
+            return
+        # names called or passed on: a scaler wrapper (timm's NativeScaler) scales when called, or
+        # in the loop it is handed to
+        for part in (node.func, *(a.value for a in node.args)):
+            if isinstance(part, (cst.Name, cst.Attribute)):
+                (self.guarded_calls if u.in_precision_branch(self.ctx) else self.calls).add(
+                    self._key(dotted_name(part) or ""))
+        if voc.is_scaler_wrapper_name(names.qualified(node.func)) and not u.in_precision_branch(self.ctx):
+            # always on: it takes no `enabled`
+            self.scalers.append(_Scaler(node, None, False, False, None, None,
+                                        self._key(u.scaler_target(self.ctx) or "loss_scaler"), wrapper=True))
             return
         if not u.is_grad_scaler_ctor(names, node) or h.has_star_args(node):
             return
@@ -145,8 +159,7 @@ class GradScalerWithBf16(Rule):
                 self.report(s.call, self.param_message.format(p=s.bf16_param))
             elif all_bf16 and not s.conditional and (s.enabled is None or u.is_literal(s.enabled, True)):
                 self.report(s.call, self.all_bf16_message)
-            elif choice is not None and self._switch(s) and not s.conditional and s.key in self.used \
-                    and s.key not in self.guarded:
+            elif choice is not None and self._switch(s) and not s.conditional and self._in_use(s):
                 # on with mixed precision whatever its dtype, and the dtype can be bfloat16
                 e = f"`enabled={u.short(s.enabled)}` does not look at the dtype" if s.enabled else \
                     "it is always enabled, whatever the dtype"
@@ -154,6 +167,13 @@ class GradScalerWithBf16(Rule):
                     self.report(s.call, self.switch_all_bf16_message.format(e=e, where=s.where))
                 else:
                     self.report(s.call, self.switch_message.format(e=e, d=u.short(choice.dtype_expr, 40)))
+
+    def _in_use(self, s: _Scaler) -> bool:
+        """The scaler scales a loss outside any branch about the precision: `S.scale(loss)`, or,
+        for a wrapper, a call of it or a hand-off to the training loop."""
+        if s.wrapper:
+            return s.key in self.calls and s.key not in self.guarded_calls
+        return s.key in self.used and s.key not in self.guarded
 
     def _key(self, name: str) -> tuple:
         """A scaler name with where it lives: the class for ``self.scaler``, else the def."""
