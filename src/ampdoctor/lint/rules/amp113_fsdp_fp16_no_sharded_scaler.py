@@ -5,6 +5,7 @@ import libcst as cst
 from ampdoctor.diagnostics import Severity
 from ampdoctor.lint import helpers as h
 from ampdoctor.lint.rule import Rule
+from ampdoctor.lint.semantic.backward import is_backward_call
 from ampdoctor.lint.semantic import casts as conv
 from ampdoctor.lint.semantic import source
 from ampdoctor.lint.semantic.facts import facts_of
@@ -39,6 +40,7 @@ class FsdpFp16NoShardedScaler(Rule):
         self.wraps: list[tuple[cst.Call, str, tuple[int, ...]]] = []
         self.sharded: set[int] = set()  # scopes (def/class ids, 0 for the module) that build a ShardedGradScaler
         self.plain: set[int] = set()  # ... a plain GradScaler
+        self.trains = False  # the file runs a backward pass
 
     def _scopes(self) -> tuple[int, ...]:
         """The innermost def, the class around it, or the module (0)."""
@@ -86,6 +88,14 @@ class FsdpFp16NoShardedScaler(Rule):
         if last == "GradScaler":
             self.plain.update(self._scopes())
             return
+        if "Scaler" in last:
+            # a scaler class this file cannot see into (LLaMA-Adapter's NativeScalerWithGradNormCount
+            # holds a ShardedGradScaler): it may be the sharded one
+            self.sharded.update(self._scopes())
+            return
+        if is_backward_call(self.ctx.names, node):
+            self.trains = True
+            return
         if q in _FSDP or last in ("FullyShardedDataParallel", "FSDP", "fully_shard"):
             for key in ("mixed_precision", "mp_policy"):
                 v = h.arg(node, None, key)
@@ -94,6 +104,8 @@ class FsdpFp16NoShardedScaler(Rule):
                     self.wraps.append((node, src, self._scopes()))
 
     def leave_Module(self, node: cst.Module) -> None:
+        if not self.trains:
+            return  # no backward here: a tool that only loads, converts or evaluates the wrapped model
         for call, src, scopes in self.wraps:
             if self.sharded & set(scopes) or (0 in self.sharded and scopes == (0,)):
                 continue
