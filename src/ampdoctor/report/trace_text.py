@@ -28,6 +28,14 @@ def verdict(report: dict) -> str:
     kinds = sorted({f["kind"] for f in report["findings"]})
     script = report.get("script") or {}
     failed = script.get("error_summary") if script.get("exit_code") else None
+    watch = report.get("watch")
+    if watch and not watch.get("trigger"):
+        ran = f"{watch['steps_watched']} watched step(s)"
+        if failed:
+            return (f"The script failed ({failed}) after {ran}; no trouble before it: every loss was finite and "
+                    "the GradScaler never kept skipping, so nothing was traced.")
+        return (f"No trouble in {ran}: every loss was finite and the GradScaler never kept skipping, so nothing "
+                "was traced (watch mode checks only these; run without --watch for per-layer statistics).")
     if not report.get("modules_ran", True):
         if failed:
             return f"Nothing was traced: the script failed before any module ran ({failed})."
@@ -245,6 +253,15 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
              + f"{report['steps']} step(s) · {report['transfers']} host transfer(s){per_rank}", indent="  ")
     for r in ranks:
         _wrapped(console, _rank_line(r), indent="      ", first="  ")
+    watch = report.get("watch")
+    if watch and watch.get("trigger"):
+        t, traced = watch["trigger"], watch.get("traced_steps") or []
+        span = f"steps {traced[0]}-{traced[1]} traced" if len(traced) == 2 and traced[1] > traced[0] else \
+            f"step {traced[0]} traced" if traced else "nothing traced"
+        replay = ", the bad step replayed" if watch.get("replayed") else ""
+        _wrapped(console, f"watch: step {t['step']}: {t['reason']}; {span}{replay}", indent="  ")
+        for note in watch.get("replay_notes") or []:
+            _wrapped(console, f"note: {note}", indent="  ", first="  ", style="dim")
     origin = report.get("op_origin")
     if origin and origin.get("op"):
         note = f" ({origin['note']})" if origin.get("note") else ""

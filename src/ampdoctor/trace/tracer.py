@@ -103,14 +103,16 @@ class Tracer:
     CARRY = 8  # steps a call waits for its gradients
 
     def __init__(self, target: str | None = None, *, grads: bool = True, ops: bool = False,
-                 max_steps: int | None = None) -> None:
+                 max_steps: int | None = None, first_step: int = 0) -> None:
         if target is not None and target not in FORMATS:
             raise ValueError(f"target must be one of {sorted(FORMATS)}, not {target!r}")
         self.target = target
         self.grads = grads
         self.ops = ops
         self.max_steps = max_steps
-        self.steps = 0
+        # the number of the first step it sees (a trace started by watch mode in the middle of a run)
+        self.first_step = first_step
+        self.steps = first_step
         self.optimizer_steps = 0
         self.transfers = 0
         self.step_records: list[StepRecord] = []
@@ -554,22 +556,23 @@ class Tracer:
     def _rebase(self) -> None:
         """The first optimizer step: the forward-only steps before it become part of step 0."""
         self._open_grad = False
-        if not self.steps:
+        first = self.first_step
+        if self.steps == first:
             return
-        self.steps = 0
+        self.steps = first
         for agg in self.modules.values():
             for name in ("nonfinite_steps", "origin_steps", "overflow_steps", "exceed_steps"):
                 lst = getattr(agg, name)
                 if lst:
-                    lst[:] = [0]
+                    lst[:] = [first]
         for o in self.origins:
-            o.step = 0
+            o.step = first
         if self.loss.nonfinite_steps:
-            self.loss.nonfinite_steps[:] = [0]
+            self.loss.nonfinite_steps[:] = [first]
         if self.loss.steps:
-            self.loss.steps, self.loss.last = 1, 0
+            self.loss.steps, self.loss.last = 1, first
         for rec in self.step_records:
-            rec.step = 0
+            rec.step = first
 
     def _end_step(self) -> None:
         if not self._active:

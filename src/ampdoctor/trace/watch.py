@@ -1,0 +1,454 @@
+"""Watch mode: an always-on guard that costs almost nothing until a step goes wrong.
+
+Per step it looks only at what the run computes anyway: whether the GradScaler skipped the
+optimizer step (its own inf check decided that, and its own host sync told it) and whether the
+loss was finite (one on-device comparison, read back without waiting: on CUDA through a
+non-blocking copy into pinned memory, looked at once it has landed). No module hooks run, and
+nothing is copied to the host in a step that is healthy.
+
+It keeps, for the current step only, references to what a replay needs: the arguments of each
+call of the script's top-level modules, the RNG and autocast state just before it, and the
+gradients that flowed into its outputs. When a step goes wrong (a non-finite loss; a skip that
+neither the scale's warm-up nor a growth of the scale explains; the scale falling step after
+step) a full ``Tracer`` starts at once: the bad step's calls are replayed under it (forward, and
+backward with the gradients the real run fed them, through ``torch.autograd.grad`` so that no
+``.grad`` changes; the RNG and the modules' buffers are put back afterwards), and the tracer then
+follows the run for ``trace_steps`` more steps. Its report names the origin as a full trace of
+that step would, with the run's own step numbers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from ampdoctor.trace import replay as rp
+from ampdoctor.trace.naming import _user_frames
+from ampdoctor.trace.tensors import skip_reason, tensors_in
+from ampdoctor.trace.tracer import StopTracing, Tracer
+
+
+
+@dataclass
+class _Snapshot:
+    """One call of a top-level module in the current step."""
+
+    module: "weakref.ref"
+    args: tuple
+    kwargs: dict
+    rng: tuple
+    autocast: list
+    grad_enabled: bool
+    grads: list = field(default_factory=list)  # per output tensor: the gradient that flowed in, or None
+
+
+@dataclass
+class _ScalerTrack:
+    """What the host knows of a GradScaler without asking the device: which steps it skipped."""
+
+    skips: int = 0  # consecutive skips
+    warm: bool = False  # a step has succeeded: the warm-up back-off is over
+    recent: list = field(default_factory=list)  # the steps it skipped after the warm-up, lately
+
+
+class Watcher:
+    """Watch a run for non-finite losses and unexplained GradScaler skips; trace fully from the
+    first bad step on.
+
+    >>> with Watcher() as w:
+    ...     train()
+    >>> w.report()["watch"]["trigger"]
+    """
+
+    MAX_GRAD_NUMEL = 1 << 26  # output gradients kept for a replay, per call (elements)
+    MAX_CALLS = 16  # top-level calls kept per step
+    WARMUP_SKIPS = 24  # back-offs at the start before the scale counts as collapsing (2**16 -> 2**-8)
+    COLLAPSE_SKIPS = 3  # consecutive skips after the warm-up
+    SKIP_WINDOW, WINDOW_SKIPS = 64, 8  # or this many skips within the last SKIP_WINDOW steps
+
+    def __init__(self, target: str | None = None, *, grads: bool = True, ops: bool = False,
+                 max_steps: int | None = None, trace_steps: int = 5) -> None:
+        self.target, self.grads, self.ops, self.max_steps = target, grads, ops, max_steps
+        self.trace_steps = trace_steps
+        self.steps = 0  # steps watched (optimizer steps, skipped ones included)
+        self.trigger: dict | None = None
+        self.tracer: Tracer | None = None
+        self.replayed: list[str] = []  # what the replay of the bad step could not do, or "ok"
+        self.notes: dict[str, str] = {}
+        self._originals: list[tuple[object, str, object]] = []
+        self._handles: list = []
+        self._active = False
+        self._roots: dict[int, tuple["weakref.ref", list]] = {}
+        self._searched = False
+        self._snaps: list[_Snapshot] = []
+        self._scalers: dict[int, _ScalerTrack] = {}
+        self._in_enabled_scaler_step = 0  # inside an enabled GradScaler's step(): its update() ends the step
+        self._stepped = False
+        self._skipped = False
+        self._scaled = False  # an enabled scaler stepped in this step: its update() ends the step
+        self._loss_bad: torch.Tensor | None = None  # on the device: a non-finite loss was seen
+        self._loss_host: list = []  # (pinned host copy, event) waiting to be read
+        self._replaying = False
+        self._tracer_done = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> "Watcher":
+        from torch.optim import optimizer as optim_module
+
+        self._handles.append(optim_module.register_optimizer_step_post_hook(self._optimizer_hook))
+        base = torch.amp.GradScaler
+        for cls in [base, *sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}")]:
+            own = vars(cls)
+            if "step" in own:
+                self._set(cls, "step", self._wrap_step(own["step"]))
+            if "update" in own:
+                self._set(cls, "update", self._wrap_update(own["update"]))
+        self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self._active = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._active = False
+        if self.tracer is not None:
+            try:
+                self.tracer.close()
+            except Exception:  # pragma: no cover - Tracer.close never raises
+                pass
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        for _, handles in self._roots.values():
+            for h in handles:
+                h.remove()
+        self._roots.clear()
+        for owner, name, value in reversed(self._originals):
+            setattr(owner, name, value)
+        self._originals.clear()
+        self._snaps = []
+
+    def _set(self, owner, name: str, value) -> None:
+        self._originals.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except (StopTracing, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            self._active = False
+            self.notes.setdefault("error", f"watch stopped after step {self.steps}: it failed "
+                                           f"({type(exc).__name__}: {exc}); the script went on unwatched")
+            return None
+
+    # -- what runs every step --------------------------------------------------------------------
+    def _wrap_backward(self, orig):
+        watcher = self
+
+        def backward(*args, **kwargs):
+            if watcher._active and not watcher._replaying and torch._C._current_autograd_node() is None:
+                watcher._guard(watcher._loss, args[0] if args else kwargs.get("tensors"))
+            result = orig(*args, **kwargs)
+            if watcher._active and not watcher._replaying:
+                watcher._guard(watcher._after_backward)
+            return result
+        backward.__wrapped__ = orig
+        return backward
+
+    def _wrap_step(self, orig):
+        watcher = self
+
+        def step(scaler, optimizer, *args, **kwargs):
+            enabled = bool(getattr(scaler, "_enabled", False))
+            watcher._in_enabled_scaler_step += enabled  # a disabled scaler's step is a plain one
+            watcher._stepped = False
+            try:
+                result = orig(scaler, optimizer, *args, **kwargs)
+            finally:
+                watcher._in_enabled_scaler_step -= enabled
+            if watcher._active and enabled:
+                watcher._guard(watcher._scaler_stepped, scaler)
+            return result
+        return step
+
+    def _wrap_update(self, orig):
+        watcher = self
+
+        def update(scaler, *args, **kwargs):
+            result = orig(scaler, *args, **kwargs)
+            if watcher._active and watcher._scaled:
+                watcher._guard(watcher._end_step)
+            return result
+        return update
+
+    def _optimizer_hook(self, optimizer, args, kwargs) -> None:
+        self._stepped = True
+        if self._active and not self._in_enabled_scaler_step and not self._scaled:
+            self._guard(self._end_step)
+
+    def _loss(self, tensors) -> None:
+        self._find_roots()
+        for t in tensors_in(tensors):
+            if skip_reason(t) is not None or not t.is_floating_point():
+                continue
+            bad = torch.isfinite(t.detach()).logical_not().any()
+            self._loss_bad = bad if self._loss_bad is None else self._loss_bad.logical_or(bad)
+
+    def _after_backward(self) -> None:
+        """Send the loss flag to the host without waiting; look at it once it has landed."""
+        bad, self._loss_bad = self._loss_bad, None
+        if bad is not None:
+            if bad.device.type == "cuda":
+                host = torch.empty((), dtype=torch.bool, pin_memory=True)
+                host.copy_(bad, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+                self._loss_host.append((host, ev))
+            else:  # on the CPU the value is already here
+                self._loss_host.append((bad, None))
+        if self.trigger is None and self._loss_landed():
+            self._trouble("the loss is not finite")
+
+    def _loss_landed(self) -> bool:
+        """Whether a loss flag that has reached the host says non-finite (flags still on their
+        way are looked at later)."""
+        bad, waiting = False, []
+        for host, ev in self._loss_host:
+            if ev is not None and not ev.query():
+                waiting.append((host, ev))
+                continue
+            bad = bad or bool(host.numpy()) if host.device.type == "cpu" else bad
+        self._loss_host = waiting
+        return bad
+
+    def _scaler_stepped(self, scaler) -> None:
+        self._scaled = True
+        track = self._scalers.get(id(scaler))
+        if track is None:
+            track = self._scalers[id(scaler)] = _ScalerTrack()
+        if self._stepped:
+            return
+        # the scaler found inf/NaN gradients and skipped this optimizer step. One skip now and
+        # then is the scaler doing its job (the scale had grown too large for the gradients);
+        # skips that keep coming mean the scale is collapsing
+        self._skipped = True
+        recent = [s for s in track.recent if s > self.steps - self.SKIP_WINDOW] + [self.steps]
+        reason = None
+        if not track.warm:
+            if track.skips + 1 >= self.WARMUP_SKIPS:
+                reason = f"the GradScaler skipped the first {track.skips + 1} steps: the loss scale is collapsing"
+        elif track.skips + 1 >= self.COLLAPSE_SKIPS:
+            reason = f"the GradScaler skipped {track.skips + 1} steps in a row: the loss scale is collapsing"
+        elif len(recent) >= self.WINDOW_SKIPS:
+            reason = (f"the GradScaler skipped {len(recent)} of the last {self.SKIP_WINDOW} steps: the loss "
+                      f"scale is falling")
+        if reason is not None and self.trigger is None:
+            self._trouble(reason)
+
+    def _end_step(self) -> None:
+        if self._scaled:
+            for track in self._scalers.values():
+                if self._skipped:
+                    track.skips += 1
+                    if track.warm:
+                        track.recent = [s for s in track.recent if s > self.steps - self.SKIP_WINDOW]
+                        track.recent.append(self.steps)
+                else:
+                    track.warm = True
+                    track.skips = 0
+        if self.trigger is None and self._loss_landed():
+            self._trouble("the loss is not finite", replay=False)  # seen too late to replay: trace on
+        self.steps += 1
+        self._scaled = self._skipped = False
+        self._snaps = []
+        if self.tracer is not None and not self._tracer_done and self.tracer.optimizer_steps > self.trace_steps:
+            self._tracer_done = True
+            self.tracer._active = False  # its hooks go quiet now; they come off when the watch ends
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise StopTracing()
+
+    # -- the top-level modules and their calls ---------------------------------------------------------
+    def _find_roots(self) -> None:
+        """Once, at the first backward: the modules the script's variables hold that no other one
+        contains. Their calls are what a replay runs again."""
+        if self._searched:
+            return
+        self._searched = True
+        found = _modules_in_script()
+        children = {id(c) for m in found for c in m.modules() if c is not m}
+        for m in found:
+            if id(m) in children or id(m) in self._roots:
+                continue
+            handles = [m.register_forward_pre_hook(self._root_pre_hook, with_kwargs=True),
+                       m.register_forward_hook(self._root_hook)]
+            self._roots[id(m)] = (weakref.ref(m), handles)
+
+    def _root_pre_hook(self, module, args, kwargs):
+        if self._active and not self._replaying and len(self._snaps) < self.MAX_CALLS \
+                and torch._C._current_autograd_node() is None:
+            self._snaps.append(_Snapshot(weakref.ref(module), args, dict(kwargs), rp._rng(), rp._autocast_state(),
+                                         torch.is_grad_enabled()))
+        return None
+
+    def _root_hook(self, module, args, output):
+        if not self._active or self._replaying or not self._snaps or not self.grads:
+            return None
+        snap = self._snaps[-1]
+        if snap.module() is not module or not snap.grad_enabled:
+            return None
+        outs = list(tensors_in(output))
+        snap.grads = [None] * len(outs)
+        for i, t in enumerate(outs):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() <= self.MAX_GRAD_NUMEL:
+                t.register_hook(_keep(snap.grads, i))
+        return None
+
+    # -- trouble -----------------------------------------------------------------------------------
+    def _trouble(self, reason: str, replay: bool = True) -> None:
+        self.trigger = {"step": self.steps, "reason": reason}
+        self.tracer = Tracer(self.target, grads=self.grads, ops=self.ops, first_step=self.steps)
+        self.tracer.__enter__()
+        if not replay:
+            self.replayed.append("the bad step was seen one step late (the loss flag was still on its way "
+                                 "to the host): the steps after it are traced, not the step itself")
+            return
+        if not self._snaps:
+            self.replayed.append("no call of a top-level module was seen in the bad step: the steps after "
+                                 "it are traced, not the step itself")
+            return
+        for snap in self._snaps:
+            self._replay(snap)
+
+    def _replay(self, snap: _Snapshot) -> None:
+        module = snap.module()
+        if module is None:
+            return
+        saved = [(b, b.detach().clone()) for b in module.buffers()]
+        self._replaying = True
+        try:
+            with rp._as_before(snap):
+                args, kwargs = _detached((snap.args, snap.kwargs))
+                with torch.set_grad_enabled(snap.grad_enabled):
+                    out = module(*args, **kwargs)
+                if snap.grad_enabled and any(g is not None for g in snap.grads):
+                    outs = list(tensors_in(out))
+                    pairs = [(o, g) for o, g in zip(outs, snap.grads)
+                             if g is not None and isinstance(o, torch.Tensor) and o.grad_fn is not None
+                             and o.shape == g.shape]
+                    params = [p for p in module.parameters() if p.requires_grad]
+                    if pairs and params:
+                        _unwrapped(torch.autograd.grad)([o for o, _ in pairs], params,
+                                                        grad_outputs=[g for _, g in pairs], allow_unused=True)
+                elif snap.grad_enabled:
+                    self.replayed.append(f"the gradients that flowed into `{type(module).__name__}`'s outputs "
+                                         "were not kept: its forward was replayed, not its backward")
+        except (StopTracing, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            self.replayed.append(f"the replay of `{type(module).__name__}` failed ({type(exc).__name__}: {exc})")
+        finally:
+            self._replaying = False
+            with torch.no_grad():
+                for b, v in saved:
+                    b.copy_(v)
+
+    # -- the report --------------------------------------------------------------------------------
+    @property
+    def transfers(self) -> int:
+        return self.tracer.transfers if self.tracer is not None else 0
+
+    def report(self) -> dict:
+        from ampdoctor import __version__
+        from ampdoctor.trace.findings import build_report
+
+        if self.tracer is not None:
+            rep = build_report(self.tracer)
+        else:
+            rep = {"version": __version__, "target_dtype": self.target or "float16", "dtypes_seen": [],
+                   "steps": 0, "optimizer_steps": 0, "transfers": 0, "modules_ran": False, "findings": [],
+                   "first_nonfinite": None, "op_origin": None, "modules": [], "params": [], "loss": None,
+                   "scaler": None, "not_traced": [], "skipped_tensors": {}, "notes": []}
+        rep["steps"] = self.steps
+        rep["notes"] = list(rep.get("notes", [])) + list(self.notes.values())
+        traced = None
+        if self.tracer is not None:
+            first = self.trigger["step"] if self.trigger else 0
+            traced = [first, first + max(0, self.tracer.optimizer_steps - 1)]
+        rep["watch"] = {"steps_watched": self.steps, "trigger": self.trigger, "traced_steps": traced,
+                        "replayed": self.tracer is not None and not self.replayed,
+                        "replay_notes": self.replayed}
+        return rep
+
+
+def _unwrapped(fn):
+    """The function under the tracers' wrappers (a replay is not the script's backward)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _keep(store: list, i: int):
+    def hook(grad):
+        store[i] = grad
+        return None
+    return hook
+
+
+def _detached(tree):
+    from torch.utils import _pytree as pytree
+
+    return pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) and x.requires_grad else x, tree)
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_subclasses(sub))
+    return out
+
+
+def _modules_in_script(limit: int = 4096) -> list[torch.nn.Module]:
+    """The ``nn.Module`` objects reachable from the script's variables (``__main__`` and the
+    frames of the script's functions), a few attribute levels deep."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    pools = [getattr(main, "__dict__", None) or {}]
+    for f in _user_frames(sys._getframe(1)):
+        try:
+            pools.append(f.f_locals)
+        except Exception:  # pragma: no cover
+            continue
+    seen: set[int] = set()
+    found: list[torch.nn.Module] = []
+    queue = [(v, 0) for pool in pools for v in list(pool.values())]
+    i = 0
+    while i < len(queue) and i < limit:
+        obj, depth = queue[i]
+        i += 1
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            found.append(obj)
+            continue
+        if depth >= 3 or isinstance(obj, (str, bytes, int, float, bool, type, torch.Tensor)) or obj is None:
+            continue
+        try:
+            if isinstance(obj, dict):
+                nxt = list(dict.values(obj))[:256]
+            elif isinstance(obj, (list, tuple)):
+                nxt = list(obj)[:256]
+            else:
+                d = object.__getattribute__(obj, "__dict__") if hasattr(type(obj), "__dict__") else None
+                nxt = list(dict.values(d))[:256] if isinstance(d, dict) else []
+        except Exception:
+            continue
+        queue += [(v, depth + 1) for v in nxt]
+    return found

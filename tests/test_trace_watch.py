@@ -1,0 +1,134 @@
+"""Watch mode (`--watch`, `Watcher`): nothing is copied to the host while the run is healthy, the
+bad step is found and replayed under a full trace, and the run's results do not change."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from click.testing import CliRunner  # noqa: E402
+
+from ampdoctor.cli import main  # noqa: E402
+from ampdoctor.trace.watch import Watcher  # noqa: E402
+from conftest import FIXTURES  # noqa: E402
+
+SCRIPT = FIXTURES / "trace" / "watch_bad_batch.py"
+
+
+def _fixture():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        return importlib.import_module("watch_bad_batch")
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+def _watch_json(*args):
+    r = CliRunner().invoke(main, ["trace", "--watch", "--format", "json", *args, str(SCRIPT)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return json.loads(r.stdout)
+
+
+def test_the_bad_step_is_replayed_and_its_origin_named():
+    rep = _watch_json("--watch-steps", "2")
+    assert rep["watch"]["trigger"] == {"step": 30, "reason": "the loss is not finite"}
+    assert rep["watch"]["traced_steps"] == [30, 32] and rep["watch"]["replayed"] is True
+    assert rep["first_nonfinite"]["module"] == "mlp.up"
+    assert rep["first_nonfinite"]["phase"] == "forward" and rep["first_nonfinite"]["step"] == 30
+    assert any(f["kind"] == "overflow" and f["module"] == "mlp.up" and f["step"] == 30 for f in rep["findings"])
+    assert rep["steps"] == 40 and rep["transfers"] == 3  # only the traced steps were copied to the host
+
+
+def test_a_healthy_run_is_not_traced_and_says_what_was_checked():
+    r = CliRunner().invoke(main, ["trace", "--watch", "--width", "100", str(SCRIPT), "--bad-step", "-1"])
+    assert r.exit_code == 0
+    assert "No trouble in 40 watched step(s): every loss was finite and the GradScaler never kept skipping" \
+        in " ".join(r.output.split())
+    rep = _watch_json(str(SCRIPT), "--bad-step", "-1")  # the script path twice: the second is its argument
+    assert rep["watch"]["trigger"] is None and rep["transfers"] == 0 and rep["findings"] == []
+
+
+def _counting(monkeypatch):
+    calls = {"item": 0, "tolist": 0, "cpu": 0, "__bool__": 0}
+    for name in calls:
+        orig = getattr(torch.Tensor, name)
+
+        def f(self, *a, _orig=orig, _name=name, **k):
+            calls[_name] += 1
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, f)
+    return calls
+
+
+def test_no_host_transfer_in_healthy_steps(monkeypatch):
+    mod = _fixture()
+    mod.train(steps=2)  # warm up outside the count
+    calls = _counting(monkeypatch)
+    mod.train(steps=30)
+    untraced = dict(calls)
+    for k in calls:
+        calls[k] = 0
+    with Watcher() as w:
+        mod.train(steps=30)
+    monkeypatch.undo()
+    # the GradScaler's own syncs (its inf check in step()) are all there is, with or without the watch
+    assert calls == untraced
+    assert w.trigger is None and w.transfers == 0 and w.steps == 30
+
+
+def test_watching_and_replaying_change_nothing_bitwise():
+    mod = _fixture()
+    model, losses = mod.train(steps=34)
+    with Watcher(trace_steps=2) as w:
+        wmodel, wlosses = mod.train(steps=34)
+    assert w.trigger["step"] == 30 and not w.replayed  # the replay ran (dropout, BatchNorm statistics)
+    # the bad batch leaves NaN in BatchNorm's running statistics, in both runs alike
+    assert all(_same(a, b) for a, b in zip(model.state_dict().values(), wmodel.state_dict().values()))
+    assert all(_same(a, b) for a, b in zip(losses, wlosses))
+
+
+def _same(a, b) -> bool:
+    """Bitwise equal, NaN included."""
+    return torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+
+
+def _plain_run(steps, watcher=None, nan_data_at=None, nan_loss_at=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.2),
+                                torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watcher if watcher is not None else torch.enable_grad():
+        for step in range(steps):
+            x = torch.randn(16, 4)
+            if step == nan_data_at:
+                x[0, 0] = float("nan")  # a NaN in the data
+            loss = model(x).pow(2).mean()
+            if step == nan_loss_at:
+                loss = loss * float("inf") * 0  # a NaN made after the model, by the loss code
+            loss.backward()
+            if step != nan_loss_at:
+                opt.step()
+            opt.zero_grad()
+    return model
+
+
+def test_a_non_finite_loss_without_a_scaler_is_replayed_before_the_update():
+    w = Watcher(trace_steps=1)
+    _plain_run(12, w, nan_data_at=7)
+    rep = w.report()
+    assert rep["watch"]["trigger"] == {"step": 7, "reason": "the loss is not finite"}
+    assert rep["first_nonfinite"]["phase"] == "input" and rep["first_nonfinite"]["step"] == 7
+
+
+def test_the_replay_puts_back_the_rng_and_the_buffers():
+    # the forward is healthy and replayed in train mode (BatchNorm counts a batch, Dropout draws);
+    # the run goes on exactly as without the watch
+    ref = _plain_run(12, nan_loss_at=5)
+    w = Watcher(trace_steps=1)
+    got = _plain_run(12, w, nan_loss_at=5)
+    assert w.trigger == {"step": 5, "reason": "the loss is not finite"} and not w.replayed
+    assert all(_same(a, b) for a, b in zip(ref.state_dict().values(), got.state_dict().values()))
