@@ -117,7 +117,10 @@ def _plain_run(steps, watcher=None, nan_data_at=None, nan_loss_at=None):
 
 
 def test_a_non_finite_loss_without_a_scaler_is_replayed_before_the_update():
-    w = Watcher(trace_steps=1)
+    from ampdoctor.trace import Tracer
+
+    w = Tracer(mode="watch", trace_steps=1)
+    assert isinstance(w, Watcher)
     _plain_run(12, w, nan_data_at=7)
     rep = w.report()
     assert rep["watch"]["trigger"] == {"step": 7, "reason": "the loss is not finite"}

@@ -440,6 +440,9 @@ _TORCHRUN = (("nnodes", "--nnodes"), ("node_rank", "--node-rank"), ("master_addr
 @click.option("--ops", is_flag=True, help="Replay the first bad module call to name the aten op or autograd node "
               "(slower: syncs, and keeps each call's inputs until the step ends).")
 @click.option("--no-grads", is_flag=True, help="Do not collect gradient statistics.")
+@click.option("--compare", type=click.Choice(["fp32", "float32"]),
+              help="Re-run each low-precision module call in float32 (no_grad, results untouched) and rank the "
+              "layers by the digits they lose (a debugging mode: several times slower).")
 @click.option("--watch", is_flag=True, help="Watch mode: check only the loss and the GradScaler's skips, with no "
               "host transfer in a healthy step; trace fully from the first bad step on (replaying it).")
 @click.option("--watch-steps", type=click.IntRange(min=1), default=5, show_default=True,
@@ -469,8 +472,8 @@ _TORCHRUN = (("nnodes", "--nnodes"), ("node_rank", "--node-rank"), ("master_addr
 @click.option("--merge-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Under a bare torchrun, how long rank 0 waits for the other ranks' reports after its script "
               "ends (seconds).")
-def trace(script, args, target, max_steps, ops, no_grads, watch, watch_steps, fmt, output, width, fail_on,
-          nproc_per_node, run_dir, merge_timeout, standalone, **torchrun) -> None:
+def trace(script, args, target, max_steps, ops, no_grads, compare, watch, watch_steps, fmt, output, width,
+          fail_on, nproc_per_node, run_dir, merge_timeout, standalone, **torchrun) -> None:
     """Run SCRIPT with its ARGS under the numerics tracer and report per-layer fp16/bf16 health.
 
     With --nproc-per-node N, SCRIPT runs on N processes launched by torch.distributed.run; each rank
@@ -506,7 +509,8 @@ def trace(script, args, target, max_steps, ops, no_grads, watch, watch_steps, fm
     if nproc_per_node is not None:
         opts = [*(["--target", target] if target else []), *(["--max-steps", str(max_steps)] if max_steps else []),
                 *(["--ops"] if ops else []), *(["--no-grads"] if no_grads else []),
-                *(["--watch", "--watch-steps", str(watch_steps)] if watch else [])]
+                *(["--watch", "--watch-steps", str(watch_steps)] if watch else []),
+                *(["--compare", compare] if compare else [])]
         report, code = _launch(script, list(args), str(nproc_per_node), launcher, opts, run_dir, fmt, output)
         _finish_trace(report, fmt, output, width, kinds, code)
     info = dist_trace.rank_info()
@@ -515,11 +519,14 @@ def trace(script, args, target, max_steps, ops, no_grads, watch, watch_steps, fm
 
     if info is not None:
         dist_trace.stop_on_sigterm()
+    if watch and compare:
+        raise AmpdoctorError("--watch and --compare do not go together: watch mode traces nothing until a step "
+                             "goes wrong, --compare re-runs every call")
     if watch:
         from ampdoctor.trace.watch import Watcher
         tracer = Watcher(target=target, grads=not no_grads, ops=ops, max_steps=max_steps, trace_steps=watch_steps)
     else:
-        tracer = Tracer(target=target, grads=not no_grads, ops=ops, max_steps=max_steps)
+        tracer = Tracer(target=target, grads=not no_grads, ops=ops, max_steps=max_steps, compare=compare)
     # a JSON or HTML report on standard output must stay parseable: the script's own output goes to stderr
     result = run_script(script, list(args), tracer, quiet_stdout=fmt != "text" and not output)
     if info is not None:

@@ -9,7 +9,7 @@ import json
 import math
 import re
 
-from ampdoctor.report.trace_text import _absmax, _num, table_rows, verdict
+from ampdoctor.report.trace_text import _absmax, _num, table_rows, verdict, watch_line
 from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS
 
 # log2 axes: float16's limits (2^-24 .. 2^16) with room either side, or bfloat16's (2^-133 .. 2^128)
@@ -238,6 +238,8 @@ tr.origin td{{background:#fee2e2}} tr.nonfinite td{{background:#fef3c7}} code{{b
 <p class="verdict">{_md(verdict(report))}</p>
 <p>target {esc(report['target_dtype'])}; dtypes seen: {esc(', '.join(report['dtypes_seen']) or '-')};
 {(str(len(report['ranks'])) + ' ranks; ') if multi else ''}{report['steps']} step(s); {report['transfers']} host transfer(s){' per rank' if multi else ''}</p>
+{f'<p>{esc(watch_line(report))}</p>' if watch_line(report) else ''}
+{''.join(f'<p class="note">note: {esc(n)}</p>' for n in (report.get('watch') or {}).get('replay_notes') or [])}
 {_ranks(report)}
 <h2>Findings</h2><ul>{findings}</ul>
 <h2>Value range of each layer (log2 scale) against the fp16 and bf16 limits</h2>

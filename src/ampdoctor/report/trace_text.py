@@ -238,6 +238,46 @@ def _rank_line(r: dict) -> str:
     return "; ".join(parts)
 
 
+def _compare(console: Console, report: dict, limit: int = 8) -> None:
+    """--compare fp32: the layers that lose the most digits themselves, worst first."""
+    cmp = report.get("compare")
+    if not cmp:
+        return
+    rows = [r for r in cmp["layers"] if not r["container"]][:limit]
+    console.print()
+    console.print(f"[bold]precision against float32[/bold]  ({report['target_dtype']}: {cmp['format_bits']} bits)",
+                  highlight=False)
+    width = max(40, console.width)
+    name_w = max(8, min(28, width - 62))
+    head = f"{'module':<{name_w}}  {'class':<12}  {'own err':>8}  {'bits lost':>9}  {'err (carried)':>13}  {'calls':>5}"
+    console.print(f"[dim]{escape(head[:width])}[/dim]", highlight=False, soft_wrap=True)
+    for r in rows:
+        line = (f"{middle(r['module'] or '?', name_w):<{name_w}}  {(r['class'] or '')[:12]:<12}  "
+                f"{_num(r['own_rel_err']):>8}  {_num(r['bits_lost']):>9}  {_num(r['rel_err_median']):>13}  "
+                f"{r['calls']:>5}")
+        style = "bold red" if (r["bits_lost"] or 0) >= 3 else None
+        console.print(f"[{style}]{escape(line[:width])}[/{style}]" if style else escape(line[:width]),
+                      highlight=False, soft_wrap=True)
+    advice = next((r["advice"] for r in rows if r.get("advice")), None)
+    if advice:
+        _wrapped(console, advice, indent="  ", first="  ")
+    _wrapped(console, "own err: relative L2 error of the output against the layer's float32 re-run on the same "
+             "inputs; err (carried): against the float32 reference of the whole run so far; bits lost: of the "
+             "format's own, beyond its rounding", indent="  ", style="dim")
+
+
+def watch_line(report: dict) -> str | None:
+    """What watch mode saw: the bad step, why, and which steps the full trace covers."""
+    watch = report.get("watch")
+    if not watch or not watch.get("trigger"):
+        return None
+    t, traced = watch["trigger"], watch.get("traced_steps") or []
+    span = f"steps {traced[0]}-{traced[1]} traced" if len(traced) == 2 and traced[1] > traced[0] else \
+        f"step {traced[0]} traced" if traced else "nothing traced"
+    replay = ", the bad step replayed" if watch.get("replayed") else ""
+    return f"watch: step {t['step']}: {t['reason']}; {span}{replay}"
+
+
 def render_verdict(console: Console, report: dict) -> None:
     bad = bool(report["findings"] or report["first_nonfinite"])
     style = "bold red" if bad else "bold yellow" if _all_skipped(report) else "bold green"
@@ -253,14 +293,10 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
              + f"{report['steps']} step(s) · {report['transfers']} host transfer(s){per_rank}", indent="  ")
     for r in ranks:
         _wrapped(console, _rank_line(r), indent="      ", first="  ")
-    watch = report.get("watch")
-    if watch and watch.get("trigger"):
-        t, traced = watch["trigger"], watch.get("traced_steps") or []
-        span = f"steps {traced[0]}-{traced[1]} traced" if len(traced) == 2 and traced[1] > traced[0] else \
-            f"step {traced[0]} traced" if traced else "nothing traced"
-        replay = ", the bad step replayed" if watch.get("replayed") else ""
-        _wrapped(console, f"watch: step {t['step']}: {t['reason']}; {span}{replay}", indent="  ")
-        for note in watch.get("replay_notes") or []:
+    line = watch_line(report)
+    if line:
+        _wrapped(console, line, indent="  ")
+        for note in report["watch"].get("replay_notes") or []:
             _wrapped(console, f"note: {note}", indent="  ", first="  ", style="dim")
     origin = report.get("op_origin")
     if origin and origin.get("op"):
@@ -296,6 +332,7 @@ def render(console: Console, report: dict, limit: int = 10) -> None:
                  "smallest normal; nan/inf: counts; headroom: log2(max / absmax)"
                  + ("; rank: the rank holding the NaN/Inf or the largest |value| (the others' are in the "
                     "JSON)" if ranks else ""), indent="  ", style="dim")
+    _compare(console, report)
     if report.get("not_traced"):
         _wrapped(console, f"not traced (ran inside torch.compile): {', '.join(report['not_traced'])}", indent="  ")
     scaler = report.get("scaler")

@@ -526,7 +526,10 @@ def build_report(tracer) -> dict:
         notes.append("FSDP flattened this model's parameters (use_orig_params=False): parameter gradients are "
                      "reported per flattened parameter (`_flat_param`), not by their original names; wrap the "
                      "model with use_orig_params=True to see each parameter.")
-    return {
+    compare = None
+    if getattr(tracer, "_comparer", None) is not None:
+        compare = tracer._comparer.section(names, tracer.namer.canonical, tracer.namer.mods, target)
+    rep = {
         "version": __version__,
         "target_dtype": target,
         "dtypes_seen": sorted(tracer.dtypes_seen),
@@ -546,3 +549,6 @@ def build_report(tracer) -> dict:
         "skipped_tensors": dict(sorted(tracer.skipped.items())),
         "notes": notes,
     }
+    if compare is not None:
+        rep["compare"] = compare
+    return rep

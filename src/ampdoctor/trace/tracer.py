@@ -72,7 +72,7 @@ class _Call:
     tensors it read and wrote."""
 
     __slots__ = ("key", "parent", "ins", "outs", "child_origin", "recompute", "replay", "top", "step", "born",
-                 "seq", "gin")
+                 "seq", "gin", "cmp")
 
     def __init__(self, key: int, parent: "_Call | None", recompute: bool, step: int, born: int, seq: int) -> None:
         self.key = key
@@ -87,6 +87,7 @@ class _Call:
         self.replay = None
         self.top = parent is None
         self.gin: list | None = None  # (tensor, id) of inputs with a grad_fn, until the call returns
+        self.cmp = None  # with --compare: the RNG and autocast state just before the call
 
 
 class Tracer:
@@ -102,10 +103,22 @@ class Tracer:
     KEEP_CALLS = 1 << 16  # module calls kept for the backward analysis of later steps
     CARRY = 8  # steps a call waits for its gradients
 
+    def __new__(cls, *args, mode: str = "full", **kwargs):
+        if mode == "watch":  # Tracer(mode="watch"): the always-on guard that traces from the first bad step
+            from ampdoctor.trace.watch import Watcher
+            return Watcher(*args, **kwargs)
+        if mode != "full":
+            raise ValueError(f"mode must be 'full' or 'watch', not {mode!r}")
+        return super().__new__(cls)
+
     def __init__(self, target: str | None = None, *, grads: bool = True, ops: bool = False,
-                 max_steps: int | None = None, first_step: int = 0) -> None:
+                 max_steps: int | None = None, first_step: int = 0, mode: str = "full",
+                 compare: str | None = None) -> None:
         if target is not None and target not in FORMATS:
             raise ValueError(f"target must be one of {sorted(FORMATS)}, not {target!r}")
+        if compare not in (None, "float32", "fp32"):
+            raise ValueError(f"compare must be 'float32', not {compare!r}")
+        self.compare = "float32" if compare else None
         self.target = target
         self.grads = grads
         self.ops = ops
@@ -136,6 +149,10 @@ class Tracer:
         self._stack: list[_Call | None] = []
         self._active = False
         self._replayer = None
+        self._comparer = None
+        if self.compare:
+            from ampdoctor.trace.compare import Comparer
+            self._comparer = Comparer(self)
         self._optimizer_made = False
         self._probed = False  # a backward-origin probe was armed (without --ops)
         self._training: bool | None = None
@@ -213,7 +230,7 @@ class Tracer:
 
     # -- hooks -------------------------------------------------------------------------------
     def _pre_hook(self, module, args):
-        if not self._active:
+        if not self._active or self._comparer is not None and self._comparer.shadowing:
             return None
         if _compiling():  # inside torch.compile: reported as not traced, never baked into a graph
             self.not_traced.add(type(module).__name__)
@@ -251,9 +268,12 @@ class Tracer:
         call.gin = self._measure_inputs(call, args, None)
         if self._replayer is not None:
             self._replayer.before(call, module, args)
+        if self._comparer is not None and self._comparer.low_precision(module, args, None):
+            self._comparer.before(call, module)
 
     def _post_hook(self, module, args, kwargs, output=None):  # no output when forward raised
-        if not self._active or _compiling() or not self._stack:
+        if not self._active or _compiling() or not self._stack or \
+                self._comparer is not None and self._comparer.shadowing:
             return None
         try:
             if in_functorch_transform():
@@ -314,6 +334,8 @@ class Tracer:
         self._calls.append(call)
         if self._replayer is not None:
             self._replayer.after(call, module, args, kwargs, output)
+        if call.cmp is not None and output is not None:
+            self._comparer.after(call, module, args, kwargs, output)
         if call.top:
             self._top_end(wants_grad)
         elif len(self._pending) >= self.PARTIAL:
@@ -580,6 +602,8 @@ class Tracer:
         if not self.optimizer_steps:
             self._rebase()
         self.optimizer_steps += 1
+        if self._comparer is not None:
+            self._comparer.optimizer_stepped()
         try:
             self._flush(end_step=True, count=True)
         except (StopTracing, KeyboardInterrupt):
@@ -647,6 +671,8 @@ class Tracer:
             vals = values[at: at + x.numel()]
             if what[0] == "scaler":
                 self._step_scaler.append(tuple(vals))
+            elif what[0] == "compare":
+                self._comparer.fold(what[1], vals)
             else:
                 _, keys, dtypes, numels, lengths, scaled = what
                 for i, key in enumerate(keys):
@@ -657,6 +683,8 @@ class Tracer:
     def _flush(self, end_step: bool, count: bool = False, stop: bool = True) -> None:
         if self.namer.pending:
             self.namer.resolve()
+        if self._comparer is not None:
+            self._parts.extend(self._comparer.part() or ())
         summ = self._transfer()
         step = self.steps
         out_gids = self._out_gids

@@ -1,0 +1,68 @@
+"""--compare fp32: a layer that loses its digits in float16 is ranked first, healthy layers keep
+their format's precision, and the run's results do not change at all."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from click.testing import CliRunner  # noqa: E402
+
+from ampdoctor.cli import main  # noqa: E402
+from ampdoctor.trace import Tracer  # noqa: E402
+from conftest import FIXTURES  # noqa: E402
+
+SCRIPT = FIXTURES / "trace" / "compare_lossy_shift.py"
+
+
+def _fixture():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        return importlib.import_module("compare_lossy_shift")
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+def test_the_layer_that_loses_digits_is_ranked_first_and_healthy_ones_lose_none():
+    r = CliRunner().invoke(main, ["trace", "--compare", "fp32", "--format", "json", str(SCRIPT)])
+    assert r.exit_code == 0, r.output
+    cmp = json.loads(r.stdout)["compare"]
+    assert cmp["reference"] == "float32" and cmp["format_bits"] == 11
+    layers = {row["module"]: row for row in cmp["layers"]}
+    first = cmp["layers"][0]
+    assert first["module"] == "shift" and first["bits_lost"] > 8 and "advice" in first
+    assert first["own_rel_err"] > 0.5 and first["calls"] == 3
+    # the Linear layers round like any float16 result: about 2**-11, nothing lost
+    assert layers["fc1"]["bits_lost"] == 0 and layers["fc1"]["own_rel_err"] < 2e-3
+    # fc2 adds little itself but carries what `shift` lost
+    assert layers["fc2"]["own_rel_err"] < 2e-3 < 0.1 < layers["fc2"]["rel_err_median"]
+    assert layers["(Net)"]["container"] is True and cmp["layers"][-1]["module"] == "(Net)"
+
+
+def test_the_text_report_lists_the_worst_layers_and_advice():
+    r = CliRunner().invoke(main, ["trace", "--compare", "fp32", "--width", "80", str(SCRIPT)])
+    lines = r.output.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("precision against float32"))
+    assert lines[at + 2].split()[:2] == ["shift", "Shift"]
+    assert re.search(r"`shift` loses \d+(\.\d)? of float16's 11 bits itself", " ".join(lines[at:]))
+    assert all(len(ln) <= 80 for ln in lines[at:])
+
+
+def test_comparing_changes_nothing_bitwise():
+    mod = _fixture()
+    model, outs = mod.train(steps=3)
+    with Tracer(compare="float32") as t:
+        cmodel, couts = mod.train(steps=3)
+    assert t.report()["compare"]["layers"]  # it compared (BatchNorm and dropout re-run in train mode)
+    assert all(torch.equal(a, b) for a, b in zip(outs, couts))  # outputs and gradients
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), cmodel.state_dict().values()))
+
+
+def test_watch_and_compare_are_refused_together():
+    r = CliRunner().invoke(main, ["trace", "--compare", "fp32", "--watch", str(SCRIPT)])
+    assert r.exit_code == 2 and "--watch and --compare do not go together" in r.output
