@@ -2,8 +2,12 @@
 torch.autograd.detect_anomaly, on a GPT-like model with eager attention in two sizes, training,
 and the small one in an evaluation loop (forward under no_grad).
 
-    python benchmarks/trace_bench.py [--reps 15] [--block 5] [--device cpu|cuda] [--only compute|overhead|ranks]
+    python benchmarks/trace_bench.py [--reps 15] [--block 5] [--device cpu|cuda]
+                                     [--only compute|overhead|ranks|modes]
                                      [--amp auto|fp16|bf16|off] [--ranks 2]
+
+The modes section trains the overhead-bound model under autocast (fp16 on CUDA, bf16 on the CPU)
+with every mode of the tracer: full, ``--watch`` and ``--compare fp32``, beside the peers.
 
 ``--ranks N`` (default 2, 0 to skip) adds a DDP job of N processes over gloo on the CPU: each rank
 times untraced and traced steps of the overhead-bound model, interleaved, and counts the
@@ -131,7 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--only", choices=["compute", "overhead", "ranks"], help="run one of the sections")
+    ap.add_argument("--only", choices=["compute", "overhead", "ranks", "modes"], help="run one of the sections")
     ap.add_argument("--ranks", type=int, default=2, help="processes of the DDP (gloo) section; 0 skips it")
     ap.add_argument("--block", type=int, default=5, help="steps per block inside one context")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -167,7 +171,7 @@ def main() -> None:
     for label, cfg in SIZES.items():
         if args.only and not label.startswith(args.only):
             continue
-        if args.only == "ranks":
+        if args.only in ("ranks", "modes"):
             continue
         torch.manual_seed(0)
         model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"]).to(dev)
@@ -188,6 +192,7 @@ def main() -> None:
                 torch.cuda.synchronize()
 
         configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer,
+                   "ampdoctor --watch": lambda: Tracer(mode="watch"),
                    "torch detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True)}
         if DebugUnderflowOverflow is not None:
             configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
@@ -240,6 +245,16 @@ def main() -> None:
             del opt
             lines += evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, sync)
             print("\n".join(lines[-8:]), flush=True)
+    if args.only in (None, "modes"):
+        section = modes_section(args, dev, DebugUnderflowOverflow)
+        lines += section
+        print("\n".join(section), flush=True)
+        if args.only == "modes":  # its own section of RESULTS.md
+            bench_env.write_results(f"trace-modes-{args.device}", "\n".join(
+                [f"## Tracer modes ({date.today().isoformat()}, {args.device})", "",
+                 f"Machine: {bench_env.machine()}; torch {torch.__version__}, {torch.get_num_threads()} torch "
+                 f"thread(s). {args.reps} interleaved blocks of {args.block} steps per configuration after "
+                 f"{args.warmup} warm-up blocks; median step.", "", *section]))
     if args.ranks > 1 and args.only in (None, "ranks"):
         section = ranks_section(args, amp_dtype)
         lines += section
@@ -394,6 +409,70 @@ def bf16_is_fast(dev) -> bool:
             x @ x
         times[dt] = time.perf_counter() - t0
     return times[torch.bfloat16] < 4 * times[torch.float32]
+
+
+def modes_section(args, dev, DebugUnderflowOverflow) -> list[str]:
+    """The overhead-bound model trained under {fp16 on CUDA, bf16 on the CPU} autocast, so that
+    --compare has low-precision calls to re-run: every mode of the tracer side by side with the
+    peers, interleaved block by block."""
+    cfg = SIZES["overhead-bound (2 layers, d=128, 4 heads, seq 64, batch 2)"]
+    amp_dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
+    torch.manual_seed(0)
+    model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"]).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    idx = torch.randint(0, 2048, (cfg["batch"], cfg["seq"]), device=dev)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def step():
+        with torch.autocast(dev.type, dtype=amp_dtype):
+            logits = model(idx)
+        loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    configs = {"untraced": contextlib.nullcontext, "ampdoctor (full)": Tracer,
+               "ampdoctor --watch": lambda: Tracer(mode="watch"),
+               "ampdoctor --compare fp32": lambda: Tracer(compare="float32"),
+               "torch detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True)}
+    if DebugUnderflowOverflow is not None:
+        configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
+    import warnings
+    warnings.filterwarnings("ignore")
+    times = {k: [] for k in configs}
+    for rep in range(args.warmup + args.reps):
+        order = list(configs)
+        order = order[rep % len(order):] + order[: rep % len(order)]
+        for name in order:
+            with configs[name]():
+                for _ in range(args.block):
+                    sync()
+                    t0 = time.perf_counter()
+                    step()
+                    sync()
+                    if rep >= args.warmup:
+                        times[name].append(time.perf_counter() - t0)
+    syncs = {}
+    for name, make in configs.items():
+        c = SyncCounter()
+        with make():
+            for _ in range(3):
+                with c:
+                    step()
+        syncs[name] = str(round(c.count / 3))
+    base = statistics.median(times["untraced"])
+    dt = "fp16" if amp_dtype == torch.float16 else "bf16"
+    out = [f"### modes, overhead-bound model under {dt} autocast ({cfg['layers']} layers, d={cfg['d']}, "
+           f"{cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']})", "",
+           "| configuration | median step | ratio to untraced | host syncs per step |", "|---|---|---|---|"]
+    for name in configs:
+        med = statistics.median(times[name])
+        out.append(f"| {name} | {med * 1000:.1f} ms | {med / base:.2f}x | {syncs[name]} |")
+    out.append("")
+    return out
 
 
 def evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, sync) -> list[str]:

@@ -66,3 +66,23 @@ def test_comparing_changes_nothing_bitwise():
 def test_watch_and_compare_are_refused_together():
     r = CliRunner().invoke(main, ["trace", "--compare", "fp32", "--watch", str(SCRIPT)])
     assert r.exit_code == 2 and "--watch and --compare do not go together" in r.output
+
+
+def test_a_module_that_loses_digits_between_its_children_is_ranked_as_a_layer():
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return (self.inner(x) + 2048.0) - 2048.0  # its own code, not a child, loses the digits
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), Wrapped(), torch.nn.Linear(16, 1))
+    with Tracer(compare="float32") as t:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.float16):
+                model(torch.randn(8, 16)).float().sum().backward()
+    rows = t.report()["compare"]["layers"]
+    assert rows[0]["class"] == "Wrapped" and rows[0]["container"] is False and rows[0]["bits_lost"] > 8
+    assert next(r for r in rows if r["class"] == "Sequential")["container"] is True

@@ -27,8 +27,8 @@ def _fixture():
         sys.path.remove(str(SCRIPT.parent))
 
 
-def _watch_json(*args):
-    r = CliRunner().invoke(main, ["trace", "--watch", "--format", "json", *args, str(SCRIPT)])
+def _watch_json(*opts, script_args=()):
+    r = CliRunner().invoke(main, ["trace", "--watch", "--format", "json", *opts, str(SCRIPT), *script_args])
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
     return json.loads(r.stdout)
 
@@ -48,7 +48,7 @@ def test_a_healthy_run_is_not_traced_and_says_what_was_checked():
     assert r.exit_code == 0
     assert "No trouble in 40 watched step(s): every loss was finite and the GradScaler never kept skipping" \
         in " ".join(r.output.split())
-    rep = _watch_json(str(SCRIPT), "--bad-step", "-1")  # the script path twice: the second is its argument
+    rep = _watch_json(script_args=("--bad-step", "-1"))
     assert rep["watch"]["trigger"] is None and rep["transfers"] == 0 and rep["findings"] == []
 
 
@@ -135,3 +135,12 @@ def test_the_replay_puts_back_the_rng_and_the_buffers():
     got = _plain_run(12, w, nan_loss_at=5)
     assert w.trigger == {"step": 5, "reason": "the loss is not finite"} and not w.replayed
     assert all(_same(a, b) for a, b in zip(ref.state_dict().values(), got.state_dict().values()))
+
+
+def test_a_collapsing_scale_starts_the_trace_and_its_skips_are_no_warm_up():
+    rep = _watch_json("--watch-steps", "2", script_args=("--bad-step", "-1", "--blowup-step", "20", "--steps", "30"))
+    assert rep["watch"]["trigger"] == {"step": 22, "reason": "the GradScaler skipped 3 steps in a row: the loss "
+                                                             "scale is collapsing"}
+    assert rep["first_nonfinite"]["phase"] == "backward" and rep["first_nonfinite"]["step"] == 22
+    # the scaler had settled 20 steps before: the traced skips are faults, not its warm-up
+    assert any(f["kind"] == "scaler" for f in rep["findings"])

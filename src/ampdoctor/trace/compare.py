@@ -14,8 +14,8 @@ The errors are relative L2 norms, ``||y - y_ref|| / ||y_ref||``, kept on the dev
 the host with the step's one transfer. ``bits_correct`` is ``-log2(own_rel_err)``; ``bits_lost``
 is how many of its format's bits (11 for float16, 8 for bfloat16) a layer loses itself beyond the
 format's own rounding: the format's bits minus ``bits_correct``, at least 0. Layers are listed by
-their own error; a container (a module whose children were compared) comes after them, since its
-own error is its children's.
+their own error; a container (a module whose own error is at most 8 times its worst child's) comes
+after them, since its children explain it.
 
 Nothing of the real run changes: the re-runs go through ``torch.func.functional_call`` with the
 module's own parameters (float32 copies of 16-bit ones, made once per optimizer step) and copies
@@ -181,14 +181,24 @@ class Comparer:
             k = canonical(key)
             merged_total.setdefault(k, []).extend(vals)
             merged_own.setdefault(k, []).extend(self.own.get(key, []))
-        parents = {canonical(mods[k].parent) for k in merged_total if k in mods and mods[k].parent is not None}
+        own_of = {k: _median(merged_own.get(k, [])) for k in merged_total}
+        # the largest own error among each module's compared children
+        children: dict[int, float] = {}
+        for k in merged_total:
+            parent = mods[k].parent if k in mods else None
+            if parent is not None:
+                p = canonical(parent)
+                children[p] = max(children.get(p, 0.0), _order(own_of[k]))
         rows = []
         for key, vals in merged_total.items():
-            own = _median(merged_own.get(key, []))
+            own = own_of[key]
+            # a container whose own error its children explain; one that adds far more than they
+            # do (code of its own forward between them) is ranked as a layer
+            container = key in children and _order(own) <= 8 * children[key]
             row = {"module": names.get(key), "class": mods[key].cls if key in mods else None, "phase": "forward",
                    "calls": len(vals), "rel_err_median": _median(vals), "rel_err_max": max(vals),
                    "own_rel_err": own, "bits_correct": _correct(own), "bits_lost": _lost(own, bits),
-                   "container": key in parents}
+                   "container": container}
             if not row["container"] and row["bits_lost"] and row["bits_lost"] >= ADVICE_BITS:
                 row["advice"] = _advice(row, target)
             rows.append(row)

@@ -63,7 +63,7 @@ SETTLED_SCALE = 2.0 ** 10  # an initial back-off still skipping below this scale
 SETTLED_SKIPS = 4
 
 
-def scaler_health(recs) -> list[str]:
+def scaler_health(recs, warm: bool = False) -> list[str]:
     """What each recorded step was: "ok", "warmup" (a skip during the initial back-off), "probe"
     (the first skip after the scale grew: the scaler trying a higher scale) or "unexpected".
 
@@ -73,9 +73,11 @@ def scaler_health(recs) -> list[str]:
     in between, a skip in a step with no float16 gradient (float32 and bfloat16 do not overflow
     at any loss scale), and a scale below 1 are unexpected. An initial back-off in which no step
     ever goes through, SETTLED_SKIPS skips or more that take the scale below 1024, was never a
-    warm-up: all of its skips are unexpected."""
+    warm-up: all of its skips are unexpected. ``warm``: the scaler had settled before the first
+    recorded step (a trace that watch mode started in the middle of a run), so there is no
+    initial back-off."""
     out = []
-    initial, grew = True, False
+    initial, grew = not warm, False
     first_run: list[int] = []  # the indexes of the initial back-off's skips
     for i, r in enumerate(recs):
         if not r.skipped:
@@ -507,7 +509,7 @@ def build_report(tracer) -> dict:
     _ANCESTORS.update(tracer.namer.ancestors(names))
     aggs = _merged_aggs(tracer, names)
     rows = module_rows(aggs, target)
-    health = scaler_health(tracer.step_records)
+    health = scaler_health(tracer.step_records, getattr(tracer, "scaler_warm", False))
     by_step = {r.step: h for r, h in zip(tracer.step_records, health)}
     origins = counted_origins(tracer, by_step)
     findings = _findings(tracer, target, rows, aggs, names, health, origins)

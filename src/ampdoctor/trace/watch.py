@@ -312,6 +312,8 @@ class Watcher:
     def _trouble(self, reason: str, replay: bool = True) -> None:
         self.trigger = {"step": self.steps, "reason": reason}
         self.tracer = Tracer(self.target, grads=self.grads, ops=self.ops, first_step=self.steps)
+        # the scaler settled long before: its skips from here on are no warm-up
+        self.tracer.scaler_warm = any(track.warm for track in self._scalers.values())
         self.tracer.__enter__()
         if not replay:
             self.replayed.append("the bad step was seen one step late (the loss flag was still on its way "
