@@ -6,8 +6,9 @@ and the small one in an evaluation loop (forward under no_grad).
                                      [--only compute|overhead|ranks|modes]
                                      [--amp auto|fp16|bf16|off] [--ranks 2]
 
-The modes section trains the overhead-bound model under autocast (fp16 on CUDA, bf16 on the CPU)
-with every mode of the tracer: full, ``--watch`` and ``--compare fp32``, beside the peers.
+The modes section trains the overhead-bound model with every mode of the tracer (full, ``--watch``
+and, under autocast, ``--compare fp32``) beside the peers, in float32 and under autocast (fp16 on
+CUDA, bf16 on the CPU).
 
 ``--ranks N`` (default 2, 0 to skip) adds a DDP job of N processes over gloo on the CPU: each rank
 times untraced and traced steps of the overhead-bound model, interleaved, and counts the
@@ -412,11 +413,17 @@ def bf16_is_fast(dev) -> bool:
 
 
 def modes_section(args, dev, DebugUnderflowOverflow) -> list[str]:
-    """The overhead-bound model trained under {fp16 on CUDA, bf16 on the CPU} autocast, so that
-    --compare has low-precision calls to re-run: every mode of the tracer side by side with the
-    peers, interleaved block by block."""
+    """Every mode of the tracer side by side with the peers, interleaved block by block, on the
+    overhead-bound model: trained in float32 (as in the table above), and under autocast (fp16 on
+    CUDA, bf16 on the CPU), where --compare has low-precision calls to re-run."""
+    out = []
+    for amp_dtype in (None, torch.float16 if dev.type == "cuda" else torch.bfloat16):
+        out += _modes_table(args, dev, DebugUnderflowOverflow, amp_dtype)
+    return out
+
+
+def _modes_table(args, dev, DebugUnderflowOverflow, amp_dtype) -> list[str]:
     cfg = SIZES["overhead-bound (2 layers, d=128, 4 heads, seq 64, batch 2)"]
-    amp_dtype = torch.float16 if dev.type == "cuda" else torch.bfloat16
     torch.manual_seed(0)
     model = GPT(cfg["layers"], cfg["d"], cfg["heads"], cfg["seq"]).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -427,7 +434,7 @@ def modes_section(args, dev, DebugUnderflowOverflow) -> list[str]:
             torch.cuda.synchronize()
 
     def step():
-        with torch.autocast(dev.type, dtype=amp_dtype):
+        with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
             logits = model(idx)
         loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
         loss.backward()
@@ -435,9 +442,10 @@ def modes_section(args, dev, DebugUnderflowOverflow) -> list[str]:
         opt.zero_grad(set_to_none=True)
 
     configs = {"untraced": contextlib.nullcontext, "ampdoctor (full)": Tracer,
-               "ampdoctor --watch": lambda: Tracer(mode="watch"),
-               "ampdoctor --compare fp32": lambda: Tracer(compare="float32"),
-               "torch detect_anomaly": lambda: torch.autograd.detect_anomaly(check_nan=True)}
+               "ampdoctor --watch": lambda: Tracer(mode="watch")}
+    if amp_dtype is not None:
+        configs["ampdoctor --compare fp32"] = lambda: Tracer(compare="float32")
+    configs["torch detect_anomaly"] = lambda: torch.autograd.detect_anomaly(check_nan=True)
     if DebugUnderflowOverflow is not None:
         configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
     import warnings
@@ -464,8 +472,9 @@ def modes_section(args, dev, DebugUnderflowOverflow) -> list[str]:
                     step()
         syncs[name] = str(round(c.count / 3))
     base = statistics.median(times["untraced"])
-    dt = "fp16" if amp_dtype == torch.float16 else "bf16"
-    out = [f"### modes, overhead-bound model under {dt} autocast ({cfg['layers']} layers, d={cfg['d']}, "
+    how = "in float32, no autocast" if amp_dtype is None else \
+        f"under {'fp16' if amp_dtype == torch.float16 else 'bf16'} autocast"
+    out = [f"### modes, overhead-bound model trained {how} ({cfg['layers']} layers, d={cfg['d']}, "
            f"{cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']})", "",
            "| configuration | median step | ratio to untraced | host syncs per step |", "|---|---|---|---|"]
     for name in configs:
