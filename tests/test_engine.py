@@ -99,6 +99,32 @@ def test_very_large_files_are_linted_in_groups_with_the_same_findings(monkeypatc
     assert all(d.fix is None for d in grouped.diagnostics)
 
 
+def test_one_huge_literal_statement_is_linted_element_group_by_group(monkeypatch):
+    """A single top-level list display larger than the group size (torch's 660 KB `op_db`) is cut
+    between elements that start a line; findings inside the elements keep their lines and columns,
+    and code after the list is still linted."""
+    from ampdoctor.lint import engine
+
+    rows = [f"    dict(name='op{i}', fn=lambda x: x * {i}, dtypes=(torch.float32,)),\n" for i in range(400)]
+    rows[150] = "    dict(name='amp', ctx=torch.cuda.amp.autocast(enabled=True)),\n"
+    rows[399] = "    dict(name='last', scaler=torch.cuda.amp.GradScaler())]\n"  # closes on its own line
+    after = (FIXTURES / "lint" / "deprecated_device_amp.py").read_text("utf-8")
+    text = "import torch\n\nop_db: list = [\n" + "".join(rows) + "\n" + after
+    settings = Settings(enabled=frozenset(all_infos()))
+    whole = lint_bytes("big.py", text.encode(), settings)
+    monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
+    monkeypatch.setattr(engine, "LARGE_TREE", 100)
+    monkeypatch.setattr(engine, "CHUNK_CHARS", 3_000)
+    passes = []
+    real = engine._lint_text
+    monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(a[1]) or real(*a))
+    grouped = lint_bytes("big.py", text.encode(), settings)
+    assert len(passes) > 5 and max(len(p) for p in passes) < 8_000  # never the whole list
+    key = sorted((d.line, d.column, d.code) for d in whole.diagnostics)
+    assert (154, 26, "AMP501") in key and any(line == 403 for line, _, _ in key)
+    assert key == sorted((d.line, d.column, d.code) for d in grouped.diagnostics)
+
+
 def test_a_generated_table_in_a_large_file_is_not_parsed(monkeypatch):
     """A top-level statement of pure constant data (a generated lookup table) holds nothing a
     rule looks at; in a large file it is skipped, and findings after it keep their lines."""

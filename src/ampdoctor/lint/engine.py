@@ -30,7 +30,7 @@ MAX_FIX_ROUNDS = 10
 LARGE_FILE = 256 * 1024
 CHUNK_CHARS = 128 * 1024
 DATA_CHARS = 16 * 1024  # a top-level statement of constant data this large is not parsed
-LARGE_TREE = 100_000  # ... and only when its tree is large (Python ast nodes)
+LARGE_TREE = 30_000  # ... and only when its tree is large (Python ast nodes; libcst keeps ~5 KB per node)
 
 # Deeply nested code exhausts Python's recursion limit in libcst (positions, code generation)
 # and in rules. Such a file is linted again in a thread with a large stack and a higher limit.
@@ -289,29 +289,40 @@ def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnos
     header = "".join("".join(lines[n.lineno - 1:n.end_lineno]) for n in body
                      if isinstance(n, (ast.Import, ast.ImportFrom)))
     header_lines = header.count("\n")
-    groups: list[tuple[int, int]] = []  # (first line, last line), 1-based
+    # (first line, last line, source, lines put in front of the first): 1-based
+    groups: list[tuple[int, int, str, int]] = []
     first, size = 1, 0
+
+    def close(hi: int) -> None:
+        if first <= hi:
+            groups.append((first, hi, "".join(lines[first - 1:hi]), 0))
+
     for i, n in enumerate(body):
         nxt = start(body[i + 1]) if i + 1 < len(body) else len(lines) + 1
         own = sum(len(x) for x in lines[start(n) - 1:nxt - 1])
         if own >= DATA_CHARS and _constant_data(n):
             # a generated table (`META = {(...): (...), ...}`): no rule looks inside pure data, and
             # its tree alone would take hundreds of MB
-            if first < start(n):
-                groups.append((first, start(n) - 1))
+            close(start(n) - 1)
+            first, size = nxt, 0
+            continue
+        pieces = _literal_pieces(n, lines) if own >= 2 * CHUNK_CHARS else None
+        if pieces:
+            close(start(n) - 1)
+            groups += pieces
             first, size = nxt, 0
             continue
         size += own
         if size >= CHUNK_CHARS or i + 1 == len(body):
-            groups.append((first, nxt - 1))
+            close(nxt - 1)
             first, size = nxt, 0
     quiet = Settings(enabled=settings.enabled, min_torch=settings.min_torch, fix=None, want_edits=False)
     out: list[Diagnostic] = []
-    for k, (lo, hi) in enumerate(groups):
+    for k, (lo, hi, source, lead) in enumerate(groups):
         prefix = header if k else ""
-        shift = lo - 1 - (header_lines if k else 0)
+        shift = lo - 1 - (header_lines if k else 0) - lead
         chunk_errors: list[Diagnostic] = []
-        passed = _lint_text(path, prefix + "".join(lines[lo - 1:hi]), quiet, chunk_errors)
+        passed = _lint_text(path, prefix + source, quiet, chunk_errors)
         for d in passed.diagnostics + chunk_errors:
             if k and d.line <= header_lines:
                 continue  # the copied imports: reported with the first group
@@ -319,6 +330,58 @@ def _lint_chunked(path: str, text: str, settings: Settings, errors: list[Diagnos
             (errors if d in chunk_errors else out).append(moved)
         del passed
     return _Pass(None, out, [])
+
+
+_DISPLAYS = {ast.List: "[]", ast.Tuple: "()", ast.Set: "{}", ast.Dict: "{}"}
+
+
+def _literal_pieces(n: ast.stmt, lines: list[str]) -> list[tuple[int, int, str, int]] | None:
+    """A top-level statement whose value is a list, tuple, set or dict display too large to parse
+    at once (torch's `op_db: list[OpInfo] = [OpInfo(...), ...]`, 660 KB, takes over 400 MB as one
+    tree), cut between its elements where an element starts a line: each piece is linted as
+    ``_ = [`` + its lines + ``]``, one line put in front. None when it cannot be cut that way."""
+    value = n.value if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Expr)) else None
+    brackets = _DISPLAYS.get(type(value))
+    if brackets is None:
+        return None
+    if isinstance(value, ast.Dict):
+        starts, ends = list(value.keys), list(value.values)  # `**x` has no key: not cut
+    else:
+        starts = ends = list(value.elts)  # type: ignore[union-attr]
+    if not starts or any(k is None for k in starts):
+        return None
+
+    def leads_line(e: ast.expr) -> bool:
+        return not lines[e.lineno - 1].encode("utf-8")[:e.col_offset].strip()
+
+    if not leads_line(starts[0]):
+        return None
+    cuts, size = [0], 0  # the elements where a piece starts
+    for i in range(1, len(starts)):
+        size += sum(len(x) for x in lines[starts[i - 1].lineno - 1:starts[i].lineno - 1])
+        if size >= CHUNK_CHARS and leads_line(starts[i]) and ends[i - 1].end_lineno < starts[i].lineno:
+            cuts.append(i)
+            size = 0
+    if len(cuts) < 2:
+        return None
+    last = ends[-1]
+    tail = lines[last.end_lineno - 1].encode("utf-8")[:last.end_col_offset].decode("utf-8", "replace")
+    out = []
+    for j, c in enumerate(cuts):
+        lo = starts[c].lineno
+        if j + 1 < len(cuts):
+            hi = starts[cuts[j + 1]].lineno - 1
+            src = "".join(lines[lo - 1:hi])
+        else:
+            hi = last.end_lineno
+            src = "".join(lines[lo - 1:hi - 1]) + tail + "\n"
+        piece = f"_ = {brackets[0]}\n{src}{brackets[1]}\n"
+        try:
+            ast.parse(piece)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None  # an odd layout: the statement is linted whole
+        out.append((lo, hi, piece, 1))
+    return out
 
 
 def _constant_data(n: ast.stmt) -> bool:
