@@ -267,3 +267,46 @@ def test_merged_multi_rank_trace_text_fits(trace_reports, width):
             assert any("rank 0" in ln for ln in lines if " · " in ln), name
         header = next((ln for ln in lines if ln.split()[:2] == ["rank", "module"]), None)
         assert header is not None, (name, width)
+
+
+@pytest.fixture(scope="module")
+def mode_reports():
+    """The watch and compare fixtures, traced in their own modes."""
+    pytest.importorskip("torch")
+    import json
+
+    from click.testing import CliRunner
+
+    from ampdoctor.cli import main
+
+    out = {}
+    for name, args in {"watch": ["--watch", "--watch-steps", "3", str(FIXTURES / "trace" / "watch_bad_batch.py")],
+                       "compare": ["--compare", "fp32", str(FIXTURES / "trace" / "compare_lossy_shift.py")]}.items():
+        res = CliRunner().invoke(main, ["trace", "--format", "json", *args])
+        out[name] = json.loads(res.stdout)
+    return out
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_watch_and_compare_sections_fit_and_keep_words_and_numbers_whole(mode_reports, width):
+    from ampdoctor.report import trace_text
+
+    watch = _render_trace(mode_reports["watch"], width)
+    line = trace_text.watch_line(mode_reports["watch"])
+    assert line and line.startswith("watch: step 30:")
+    compare = mode_reports["compare"]
+    lines = _render_trace(compare, width)
+    for name, shown, prose in (("watch", watch, [line]),
+                               ("compare", lines, [r["advice"] for r in compare["compare"]["layers"][:1]])):
+        assert all(len(ln) <= width for ln in shown), (name, width, [ln for ln in shown if len(ln) > width])
+        words = [set(ln.split()) for ln in shown]
+        for text in prose:
+            for word in text.split():
+                assert any(word in ws for ws in words), (name, width, word)
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("precision against float32"))
+    rows = [r for r in compare["compare"]["layers"] if not r["container"]]
+    assert rows[0]["module"] == "shift"
+    for r, ln in zip(rows, lines[start + 2:]):
+        cells = ln.split()
+        assert cells[0] == r["module"] and trace_text._num(r["own_rel_err"]) in cells, (width, ln)
+        assert trace_text._num(r["bits_lost"]) in cells, (width, ln)

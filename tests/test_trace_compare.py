@@ -53,6 +53,18 @@ def test_the_text_report_lists_the_worst_layers_and_advice():
     assert all(len(ln) <= 80 for ln in lines[at:])
 
 
+def test_the_html_report_shows_the_comparison(tmp_path):
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(main, ["trace", "--compare", "fp32", "-o", str(out), str(SCRIPT)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text("utf-8")
+    assert "<h2>Precision against float32 (float16: 11 bits)</h2>" in page
+    section = page[page.index("Precision against float32"):page.index("<h2>Layers</h2>")]
+    cells = re.findall(r"<tr[^>]*><td>([^<]*)</td>", section)
+    assert cells[0] == "shift" and cells[-1] == "(Net)"  # worst first, the container last
+    assert "loses" in section and "bits" in section  # the advice for the worst layer
+
+
 def test_comparing_changes_nothing_bitwise():
     mod = _fixture()
     model, outs = mod.train(steps=3)

@@ -192,6 +192,31 @@ def _ranks(report: dict) -> str:
             f"<th>skipped steps</th><th>error</th></tr>{rows}</table>{notes}")
 
 
+def _compare(report: dict) -> str:
+    """--compare fp32: every compared layer, worst first, containers after the layers; the advice
+    for the worst one."""
+    cmp = report.get("compare")
+    if not cmp:
+        return ""
+    esc = html.escape
+    layers = cmp.get("layers") or []
+    rows = "".join(
+        f'<tr class="{"origin" if (r.get("bits_lost") or 0) >= 3 else ""}">' + "".join(
+            f"<td>{esc(v)}</td>" for v in (
+                r["module"] or "?", r.get("class") or "", r.get("phase") or "", _num(r["own_rel_err"]),
+                _num(r["bits_lost"]), _num(r["rel_err_median"]), _num(r["rel_err_max"]), str(r["calls"]),
+                "container" if r.get("container") else "layer")) + "</tr>"
+        for r in layers)
+    advice = next((r["advice"] for r in layers if r.get("advice") and not r.get("container")), None)
+    return (f"<h2>Precision against float32 ({esc(report['target_dtype'])}: {cmp.get('format_bits', '?')} bits)</h2>"
+            + (f"<p>{_md(advice)}</p>" if advice else "")
+            + "<table><tr><th>module</th><th>class</th><th>pass</th><th>own error</th><th>bits lost</th>"
+              "<th>error carried (median)</th><th>error carried (max)</th><th>calls</th><th></th></tr>"
+            + rows + "</table><p class=\"note\">own error: relative L2 error of the output against the "
+              "layer's float32 re-run on the same inputs; error carried: against the float32 reference of "
+              "the whole run so far; bits lost: of the format's own, beyond its rounding</p>")
+
+
 def _first_text(first: dict | None) -> str:
     if not first:
         return "-"
@@ -246,6 +271,7 @@ tr.origin td{{background:#fee2e2}} tr.nonfinite td{{background:#fef3c7}} code{{b
 {_chart(report['modules'], report['target_dtype'])}
 {_over_steps(report)}
 {_scaler(report)}
+{_compare(report)}
 <h2>Layers</h2><table>{head}{body}</table>
 {''.join(f'<p class="note">note: {esc(n)}</p>' for n in report.get('notes', []))}
 <script type="application/json" id="report-data">{data}</script>
