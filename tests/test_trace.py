@@ -44,6 +44,22 @@ def test_fp16_linear_overflow_blames_that_linear():
     assert r.exit_code == 1
 
 
+def test_float32_inputs_beyond_fp16_range_blame_the_cast_not_the_arithmetic():
+    """Raw features up to 300,000 fed to a Linear under fp16 autocast: the layer's arithmetic is
+    fine, the cast of its float32 input to float16 made the inf, and the finding says so."""
+    r, rep = trace_json("unnormalised_inputs.py")
+    assert r.exit_code == 0
+    assert rep["first_nonfinite"]["module"] == "0" and rep["first_nonfinite"]["step"] == 2
+    (f,) = [f for f in rep["findings"] if f["module"] == "0"]
+    assert f["kind"] == "overflow" and 65504 < f["input_absmax"] <= 300_000
+    assert "from float32 inputs that hold values up to" in f["message"]
+    assert "Scale or normalise the inputs" in f["message"]
+    # a layer that overflows from inputs inside the range keeps its own message
+    _, rep = trace_json("fp16_linear_overflow.py")
+    (f,) = [f for f in rep["findings"] if f["kind"] == "overflow"]
+    assert "input_absmax" not in f and "from finite inputs" in f["message"]
+
+
 def test_log_of_zero_is_named_by_the_op_replay():
     _, rep = trace_json("log_zero.py", "--ops")
     assert rep["first_nonfinite"]["module"] == "features"

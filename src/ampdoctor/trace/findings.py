@@ -271,6 +271,17 @@ def _origin_findings(tracer, origins, names, aggs) -> list[dict]:
                                        "NaN/Inf: the values are stored in the weights, not made by this call. "
                                        "Look at what wrote them: an earlier update (an optimizer step on "
                                        "non-finite gradients), a checkpoint, or an in-place initialisation."})
+            elif o.cast_from is not None and not compiled(o.key):
+                fmt = FORMATS[o.dtype]
+                what = "NaN" if o.produced == "nan" else "inf"
+                out.append({"kind": "overflow", "module": name, "phase": "forward", "step": step,
+                            "op": op.get("op"), "input_absmax": o.cast_from,
+                            "message": f"`{name}` ({cls}) produced {what}{at} (step {step}) from float32 inputs "
+                                       f"that hold values up to {_fmt(o.cast_from)}, beyond {fmt.name}'s largest "
+                                       f"finite value ({_fmt(fmt.max)}): their cast to {fmt.name} (autocast's, or one in "
+                                       "the layer's own code) made them inf. Scale or normalise the inputs before "
+                                       "this layer (check the batch), or keep the layer in float32 "
+                                       "(autocast(enabled=False) and .float() inputs)."})
             elif o.kind == "overflow" and not compiled(o.key):
                 fmt = FORMATS[o.dtype] if o.dtype in FORMATS else FORMATS["float16"]
                 out.append({"kind": "overflow", "module": name, "phase": "forward", "step": step,

@@ -142,6 +142,7 @@ class Origin:
     dtype: str | None = None
     stored: list[str] = field(default_factory=list)  # own parameters/buffers that already held NaN/Inf
     via: str | None = None  # "autograd.grad": the gradients torch.autograd.grad returned were non-finite
+    cast_from: float | None = None  # the largest |value| of a wider input that its cast to ``dtype`` overflowed
 
 
 @dataclass

@@ -751,18 +751,27 @@ class Tracer:
                     if c.parent is not None:
                         c.parent.child_origin = True
                     if not c.child_origin:
-                        self._forward_origin(step, c, agg, bad)
+                        self._forward_origin(step, c, agg, bad, summ)
             if c.child_origin and c.parent is not None:
                 c.parent.child_origin = True
             if any(s.counts[_F16_OVERFLOW] > 0 for s in outs) and \
                     not any(summ[g].counts[_F16_OVERFLOW] > 0 for g in c.ins if g in summ):  # past fp16's range
                 agg.mark(agg.exceed_steps, step)
 
-    def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list) -> None:
+    def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list, summ: dict) -> None:
         agg.mark(agg.origin_steps, step)
         nan = any(s.nonfinite["nan"] for s in bad)
         low = [s.dtype for s in bad if s.dtype in LOW_PRECISION]
         overflow = not nan and bool(low)
+        # a float32 input beyond the 16-bit output's range: the cast to that format (autocast's,
+        # or the layer's own) made the inf, whatever the arithmetic after it produced
+        cast_from = None
+        if low and low[0] in FORMATS:
+            limit = FORMATS[low[0]].max
+            wide = [summ[g].absmax for g in c.ins if g in summ and summ[g].dtype not in LOW_PRECISION
+                    and summ[g].finite and summ[g].absmax > limit]
+            if wide:
+                cast_from, overflow = max(wide), True
         if overflow:
             agg.mark(agg.overflow_steps, step)
         stored = self._stored_nonfinite(c.key)
@@ -773,7 +782,7 @@ class Tracer:
             op = self._replayer.forward_origin(c)
         self._add_origin(Origin(step, "forward", agg.key, "overflow" if overflow else "nonfinite",
                                 "nan" if nan else "inf", node=op, dtype=low[0] if low else bad[0].dtype, seq=c.seq,
-                                stored=stored))
+                                stored=stored, cast_from=None if stored else cast_from))
 
     def _stored_nonfinite(self, key: int) -> list[str]:
         """The module's own parameters and floating buffers that hold NaN/Inf now (checked only
