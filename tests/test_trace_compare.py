@@ -98,3 +98,42 @@ def test_a_module_that_loses_digits_between_its_children_is_ranked_as_a_layer():
     rows = t.report()["compare"]["layers"]
     assert rows[0]["class"] == "Wrapped" and rows[0]["container"] is False and rows[0]["bits_lost"] > 8
     assert next(r for r in rows if r["class"] == "Sequential")["container"] is True
+
+
+def test_a_module_that_changes_its_inputs_in_place_is_compared_on_them_as_they_were():
+    """`x.add_(1)` and ReLU(inplace=True): the re-runs start from copies taken before the real
+    call, so the in-place layer loses nothing, and the re-runs never touch the run's own tensors
+    (a float32 input the re-run changed in place would change the results)."""
+    class Shift(torch.nn.Module):
+        def forward(self, x):
+            return x.add_(1.0)
+
+    class ScaleFloat32(torch.nn.Module):  # autocast leaves mul_ alone: its input stays float32
+        def forward(self, x):
+            return x.mul_(0.5)
+
+    def run(tracer):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), Shift(), torch.nn.ReLU(inplace=True),
+                                    torch.nn.Linear(32, 4))
+        scale = ScaleFloat32()
+        outs = []
+        with tracer:
+            for _ in range(3):
+                x = torch.randn(8, 16)
+                with torch.autocast("cpu", dtype=torch.float16):
+                    y = model(scale(x))
+                y.float().pow(2).mean().backward()
+                outs += [x.clone(), y.detach().clone(), *(p.grad.clone() for p in model.parameters())]
+                model.zero_grad()
+        return outs
+
+    import contextlib
+    plain = run(contextlib.nullcontext())
+    t = Tracer(compare="float32")
+    compared = run(t)
+    assert all(torch.equal(a, b) for a, b in zip(plain, compared))
+    rows = {r["class"]: r for r in t.report()["compare"]["layers"]}
+    assert rows["Shift"]["bits_lost"] == 0 and rows["Shift"]["own_rel_err"] < 2e-3
+    assert rows["ReLU"]["own_rel_err"] == 0
+    assert rows["ScaleFloat32"]["own_rel_err"] == 0  # float32 in, float32 out: exact

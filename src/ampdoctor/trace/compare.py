@@ -56,8 +56,29 @@ class Comparer:
         self.skipped: dict[str, int] = {}
 
     # -- during the run --------------------------------------------------------------------------
-    def before(self, call, module) -> None:
-        call.cmp = (rp._rng(), rp._autocast_state())
+    def before(self, call, module, args) -> None:
+        """The state the re-runs start from, taken before the real call: the RNG and autocast
+        state, float32 copies of the positional inputs and their float32 references. Taken now,
+        not after the call, because a module may change its inputs in place (``x.add_(...)``,
+        ``ReLU(inplace=True)``); keyword arguments reach only the post-hook and are taken there.
+        The re-runs get copies only, never the run's own tensors, which an in-place module would
+        change."""
+        call.cmp = (rp._rng(), rp._autocast_state(), self._inputs(args))
+
+    def _inputs(self, tree) -> tuple:
+        """(float32 copies of the tensors in ``tree``, their references where known, else None)."""
+        own = pytree.tree_map(lambda x: x.detach().to(torch.float32, copy=True) if _floating(x) else x, tree)
+        ref = pytree.tree_map(self._ref_of, tree)
+        return own, ref
+
+    def _ref_of(self, x):
+        """``x``'s float32 reference from the re-runs before, when ``x`` is unchanged since."""
+        if not _floating(x):
+            return None
+        hit = self._refs.get(id(x))
+        if hit is not None and hit[0]() is x and hit[1] == x._version:
+            return hit[2]
+        return None
 
     def low_precision(self, module, args, kwargs) -> bool:
         for dev, enabled, _ in rp._autocast_state():
@@ -69,29 +90,25 @@ class Comparer:
         return any(p.dtype in _LOW for p in module.parameters(recurse=False))
 
     def after(self, call, module, args, kwargs, output) -> None:
-        rng = getattr(call, "cmp", None)
+        saved = getattr(call, "cmp", None)
         call.cmp = None
-        if rng is None:
+        if saved is None:
             return
         outs = [t for t in tensors_in(output) if _floating(t)]
         if not outs:
             return
-        own_args = pytree.tree_map(lambda x: x.detach().float() if _floating(x) else x, (args, kwargs))
-        used_ref = [False]
-
-        def ref_of(x):
-            if not _floating(x):
-                return x
-            hit = self._refs.get(id(x))
-            if hit is not None and hit[0]() is x and hit[1] == x._version:
-                used_ref[0] = True
-                return hit[2]
-            return x.detach().float()
-
-        ref_args = pytree.tree_map(ref_of, (args, kwargs))
+        rng, (own_pos, ref_pos) = saved[:2], saved[2]
+        own_kw, ref_kw = self._inputs(kwargs)
+        own_args, refs = (own_pos, own_kw), (ref_pos, ref_kw)
+        used_ref = any(r is not None for r in pytree.tree_leaves(refs))
+        ref_args = None
+        if used_ref:  # where no reference is known, a copy of the input itself (made before any re-run)
+            ref_args = pytree.tree_map(lambda r, o: r if r is not None else
+                                       (o.clone() if isinstance(o, torch.Tensor) else o), refs, own_args,
+                                       is_leaf=lambda x: x is None)
         try:
             y_own = self._rerun(module, own_args, rng)
-            y_ref = self._rerun(module, ref_args, rng) if used_ref[0] else y_own
+            y_ref = self._rerun(module, ref_args, rng) if ref_args is not None else y_own
         except Exception as exc:  # a module that cannot run in float32 (an fp16-only kernel)
             reason = f"{type(module).__name__} ({type(exc).__name__})"
             self.skipped[reason] = self.skipped.get(reason, 0) + 1

@@ -87,7 +87,7 @@ class _Call:
         self.replay = None
         self.top = parent is None
         self.gin: list | None = None  # (tensor, id) of inputs with a grad_fn, until the call returns
-        self.cmp = None  # with --compare: the RNG and autocast state just before the call
+        self.cmp = None  # with --compare: the RNG, autocast state and inputs just before the call
 
 
 class Tracer:
@@ -269,7 +269,7 @@ class Tracer:
         if self._replayer is not None:
             self._replayer.before(call, module, args)
         if self._comparer is not None and self._comparer.low_precision(module, args, None):
-            self._comparer.before(call, module)
+            self._comparer.before(call, module, args)
 
     def _post_hook(self, module, args, kwargs, output=None):  # no output when forward raised
         if not self._active or _compiling() or not self._stack or \
