@@ -144,3 +144,67 @@ def test_a_collapsing_scale_starts_the_trace_and_its_skips_are_no_warm_up():
     assert rep["first_nonfinite"]["phase"] == "backward" and rep["first_nonfinite"]["step"] == 22
     # the scaler had settled 20 steps before: the traced skips are faults, not its warm-up
     assert any(f["kind"] == "scaler" for f in rep["findings"])
+
+
+class _Scales(torch.nn.Module):
+    """Scales its input in place, as some models normalise their batch (x.div_(255))."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.fc(x.div_(255.0))
+
+
+class _ActsInPlace(torch.nn.Module):
+    """Leaves its input alone; its first child is an in-place ReLU on its own copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 8)
+        self.act = torch.nn.ReLU(inplace=True)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(self.act(self.fc(x)))
+
+
+def _in_place_run(model_cls, watcher=None, nan_loss_at=5, scale=255.0):
+    torch.manual_seed(0)
+    model = model_cls()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = []
+    with watcher if watcher is not None else torch.enable_grad():
+        for step in range(8):
+            x = torch.randn(16, 4) * scale
+            loss = model(x).pow(2).mean()
+            if step == nan_loss_at:
+                loss = loss * float("inf") * 0
+            loss.backward()
+            batches.append(x)
+            if step != nan_loss_at:
+                opt.step()
+            opt.zero_grad()
+    return model, batches
+
+
+def test_a_model_that_changes_its_inputs_in_place_is_not_replayed_on_changed_values():
+    """The replay would run the model on its inputs as they are after the call: a model that
+    divided its batch in place would see it divided twice, and a replay on the script's own
+    tensors would change them. Changed inputs are not replayed (the report says so); others are
+    replayed on copies."""
+    ref_model, ref_batches = _in_place_run(_Scales)
+    w = Watcher(trace_steps=1)
+    model, batches = _in_place_run(_Scales, w)
+    assert w.trigger == {"step": 5, "reason": "the loss is not finite"}
+    assert any("changed in place after its call" in n for n in w.replayed)
+    assert all(torch.equal(a, b) for a, b in zip(ref_batches, batches))
+    assert all(torch.equal(a, b) for a, b in zip(ref_model.state_dict().values(), model.state_dict().values()))
+
+    ref_model, ref_batches = _in_place_run(_ActsInPlace, scale=1.0)
+    w = Watcher(trace_steps=1)
+    model, batches = _in_place_run(_ActsInPlace, w, scale=1.0)
+    assert w.trigger["step"] == 5 and not w.replayed  # replayed
+    assert all(torch.equal(a, b) for a, b in zip(ref_batches, batches))
+    assert all(torch.equal(a, b) for a, b in zip(ref_model.state_dict().values(), model.state_dict().values()))

@@ -42,6 +42,7 @@ class _Snapshot:
     autocast: list
     grad_enabled: bool
     grads: list = field(default_factory=list)  # per output tensor: the gradient that flowed in, or None
+    versions: list = field(default_factory=list)  # the inputs' version counters at the call
 
 
 @dataclass
@@ -292,7 +293,7 @@ class Watcher:
         if self._active and not self._replaying and len(self._snaps) < self.MAX_CALLS \
                 and torch._C._current_autograd_node() is None:
             self._snaps.append(_Snapshot(weakref.ref(module), args, dict(kwargs), rp._rng(), rp._autocast_state(),
-                                         torch.is_grad_enabled()))
+                                         torch.is_grad_enabled(), versions=_versions((args, kwargs))))
         return None
 
     def _root_hook(self, module, args, output):
@@ -330,11 +331,17 @@ class Watcher:
         module = snap.module()
         if module is None:
             return
+        if _versions((snap.args, snap.kwargs)) != snap.versions:
+            self.replayed.append(f"the inputs of `{type(module).__name__}` were changed in place after its call "
+                                 "(by the model or the script): its call was not replayed; the steps after it are "
+                                 "traced")
+            return
         saved = [(b, b.detach().clone()) for b in module.buffers()]
         self._replaying = True
         try:
             with rp._as_before(snap):
-                args, kwargs = _detached((snap.args, snap.kwargs))
+                # copies: a module that changes its inputs in place must not change the script's tensors
+                args, kwargs = _copied((snap.args, snap.kwargs))
                 with torch.set_grad_enabled(snap.grad_enabled):
                     out = module(*args, **kwargs)
                 if snap.grad_enabled and any(g is not None for g in snap.grads):
@@ -401,10 +408,20 @@ def _keep(store: list, i: int):
     return hook
 
 
-def _detached(tree):
+def _copied(tree):
     from torch.utils import _pytree as pytree
 
-    return pytree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) and x.requires_grad else x, tree)
+    return pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _versions(tree) -> list:
+    out = []
+    for t in tensors_in(tree):
+        try:
+            out.append(t._version if isinstance(t, torch.Tensor) and not t.is_inference() else None)
+        except Exception:  # pragma: no cover - a tensor subclass without a version counter
+            out.append(None)
+    return out
 
 
 def _subclasses(cls: type) -> list[type]:
