@@ -24,6 +24,13 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
+def scaler_classes() -> list[type]:
+    """torch.amp.GradScaler and every subclass of it loaded now, in a stable order: the classes
+    whose own step/update/... a wrapper must replace."""
+    base = torch.amp.GradScaler
+    return [base] + sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}")
+
+
 class Patches:
     """Wraps GradScaler.step/update/unscale_, torch.autograd.backward/grad and Optimizer.__init__
     for the duration of the trace, and puts every original back in ``remove()``."""
@@ -38,8 +45,7 @@ class Patches:
         setattr(owner, name, value)
 
     def install(self) -> None:
-        base = torch.amp.GradScaler
-        for cls in [base] + sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}"):
+        for cls in scaler_classes():
             own = vars(cls)
             if "step" in own:
                 self._set(cls, "step", self._wrap_step(own["step"]))

@@ -19,13 +19,15 @@ that step would, with the run's own step numbers.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from ampdoctor.trace import replay as rp
-from ampdoctor.trace.naming import _user_frames
+from ampdoctor.trace.naming import _find_roots as _script_modules
+from ampdoctor.trace.patches import scaler_classes
 from ampdoctor.trace.tensors import skip_reason, tensors_in
 from ampdoctor.trace.tracer import StopTracing, Tracer
 
@@ -99,8 +101,7 @@ class Watcher:
         from torch.optim import optimizer as optim_module
 
         self._handles.append(optim_module.register_optimizer_step_post_hook(self._optimizer_hook))
-        base = torch.amp.GradScaler
-        for cls in [base, *sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}")]:
+        for cls in scaler_classes():
             own = vars(cls)
             if "step" in own:
                 self._set(cls, "step", self._wrap_step(own["step"]))
@@ -280,7 +281,7 @@ class Watcher:
         if self._searched:
             return
         self._searched = True
-        found = _modules_in_script()
+        found = [m for _, m in _script_modules(sys._getframe())]
         children = {id(c) for m in found for c in m.modules() if c is not m}
         for m in found:
             if id(m) in children or id(m) in self._roots:
@@ -422,52 +423,3 @@ def _versions(tree) -> list:
         except Exception:  # pragma: no cover - a tensor subclass without a version counter
             out.append(None)
     return out
-
-
-def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out.append(sub)
-        out.extend(_subclasses(sub))
-    return out
-
-
-def _modules_in_script(limit: int = 4096) -> list[torch.nn.Module]:
-    """The ``nn.Module`` objects reachable from the script's variables (``__main__`` and the
-    frames of the script's functions), a few attribute levels deep."""
-    import sys
-
-    main = sys.modules.get("__main__")
-    pools = [getattr(main, "__dict__", None) or {}]
-    for f in _user_frames(sys._getframe(1)):
-        try:
-            pools.append(f.f_locals)
-        except Exception:  # pragma: no cover
-            continue
-    seen: set[int] = set()
-    found: list[torch.nn.Module] = []
-    queue = [(v, 0) for pool in pools for v in list(pool.values())]
-    i = 0
-    while i < len(queue) and i < limit:
-        obj, depth = queue[i]
-        i += 1
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module):
-            found.append(obj)
-            continue
-        if depth >= 3 or isinstance(obj, (str, bytes, int, float, bool, type, torch.Tensor)) or obj is None:
-            continue
-        try:
-            if isinstance(obj, dict):
-                nxt = list(dict.values(obj))[:256]
-            elif isinstance(obj, (list, tuple)):
-                nxt = list(obj)[:256]
-            else:
-                d = object.__getattribute__(obj, "__dict__") if hasattr(type(obj), "__dict__") else None
-                nxt = list(dict.values(d))[:256] if isinstance(d, dict) else []
-        except Exception:
-            continue
-        queue += [(v, depth + 1) for v in nxt]
-    return found
