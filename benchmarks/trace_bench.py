@@ -121,6 +121,70 @@ class SyncCounter:
             setattr(torch.Tensor, n, f)
 
 
+def _syncer(dev):
+    """Waits for the device (CUDA runs asynchronously; the CPU needs nothing)."""
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    return sync
+
+
+def _train_step(model, opt, idx, dev, amp_dtype):
+    """One training step of the benchmark's GPT (autocast when amp_dtype is given)."""
+    def step():
+        with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+            logits = model(idx)
+        loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
+def _interleaved(configs, run, sync, n, warmup, reps) -> dict[str, list[float]]:
+    """Per-call times of ``run`` under each configuration: blocks of n calls inside one context
+    (its set-up and tear-down not timed), the configurations' blocks interleaved, rotating which
+    goes first; the first ``warmup`` rounds are not kept."""
+    times = {k: [] for k in configs}
+    for rep in range(warmup + reps):
+        order = list(configs)
+        order = order[rep % len(order):] + order[: rep % len(order)]
+        for name in order:
+            with configs[name]():
+                for _ in range(n):
+                    sync()
+                    t0 = time.perf_counter()
+                    run()
+                    sync()
+                    if rep >= warmup:
+                        times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _step_sync_cells(configs, step) -> dict[str, str]:
+    """The 'host syncs per step' cells of a training table, counted over 3 steps."""
+    cells = {name: str(round(v)) for name, v in _reads_per_call(configs, step, 3).items()}
+    if cells.get("ampdoctor --watch", "0") != "0":
+        # the watch reads the loss flag once it has reached the host (on CUDA through a
+        # non-blocking copy into pinned memory): a read, not a wait for the device
+        cells["ampdoctor --watch"] = f"0 waits ({cells['ampdoctor --watch']} read of the landed loss flag)"
+    return cells
+
+
+def _reads_per_call(configs, run, n) -> dict[str, float]:
+    """Python-level device-to-host reads per call of ``run`` under each configuration."""
+    out = {}
+    for name, make in configs.items():
+        c = SyncCounter()
+        with make():
+            for _ in range(n):
+                with c:
+                    run()
+        out[name] = c.count / n
+    return out
+
+
 def backward_nodes(loss) -> int:
     seen, stack = set(), [loss.grad_fn]
     while stack:
@@ -179,18 +243,8 @@ def main() -> None:
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         idx = torch.randint(0, 2048, (cfg["batch"], cfg["seq"]), device=dev)
 
-        def step():
-            with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-                logits = model(idx)
-            loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
-
-        def sync():
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
+        step = _train_step(model, opt, idx, dev, amp_dtype)
+        sync = _syncer(dev)
 
         configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer,
                    "ampdoctor --watch": lambda: Tracer(mode="watch"),
@@ -198,38 +252,11 @@ def main() -> None:
         if DebugUnderflowOverflow is not None:
             configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
 
-        def block(make, n, counter=None):
-            """Per-step times of n steps inside one context (its set-up and tear-down not timed)."""
-            out = []
-            with make():
-                for _ in range(n):
-                    sync()
-                    t0 = time.perf_counter()
-                    if counter is None:
-                        step()
-                    else:
-                        with counter:
-                            step()
-                    sync()
-                    out.append(time.perf_counter() - t0)
-            return out
-
-        times = {k: [] for k in configs}
         import warnings
         warnings.filterwarnings("ignore")
         reps = args.compute_reps if label.startswith("compute") and args.compute_reps else args.reps
-        for rep in range(args.warmup + reps):
-            order = list(configs)
-            order = order[rep % len(order):] + order[: rep % len(order)]
-            for name in order:
-                t = block(configs[name], args.block)
-                if rep >= args.warmup:
-                    times[name].extend(t)
-        syncs = {}
-        for name, make in configs.items():
-            c = SyncCounter()
-            block(make, 3, c)
-            syncs[name] = str(round(c.count / 3))
+        times = _interleaved(configs, step, sync, args.block, args.warmup, reps)
+        syncs = _step_sync_cells(configs, step)
         with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
             logits = model(idx)
         nodes = backward_nodes(nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1)))
@@ -429,17 +456,8 @@ def _modes_table(args, dev, DebugUnderflowOverflow, amp_dtype) -> list[str]:
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     idx = torch.randint(0, 2048, (cfg["batch"], cfg["seq"]), device=dev)
 
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    def step():
-        with torch.autocast(dev.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-            logits = model(idx)
-        loss = nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)), idx.view(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    sync = _syncer(dev)
+    step = _train_step(model, opt, idx, dev, amp_dtype)
 
     configs = {"untraced": contextlib.nullcontext, "ampdoctor (full)": Tracer,
                "ampdoctor --watch": lambda: Tracer(mode="watch")}
@@ -450,31 +468,8 @@ def _modes_table(args, dev, DebugUnderflowOverflow, amp_dtype) -> list[str]:
         configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
     import warnings
     warnings.filterwarnings("ignore")
-    times = {k: [] for k in configs}
-    for rep in range(args.warmup + args.reps):
-        order = list(configs)
-        order = order[rep % len(order):] + order[: rep % len(order)]
-        for name in order:
-            with configs[name]():
-                for _ in range(args.block):
-                    sync()
-                    t0 = time.perf_counter()
-                    step()
-                    sync()
-                    if rep >= args.warmup:
-                        times[name].append(time.perf_counter() - t0)
-    syncs = {}
-    for name, make in configs.items():
-        c = SyncCounter()
-        with make():
-            for _ in range(3):
-                with c:
-                    step()
-        syncs[name] = str(round(c.count / 3))
-    if syncs["ampdoctor --watch"] != "0":
-        # the watch reads the loss flag once it has reached the host (on CUDA through a
-        # non-blocking copy into pinned memory): a read, not a wait for the device
-        syncs["ampdoctor --watch"] = f"0 waits ({syncs['ampdoctor --watch']} read of the landed loss flag)"
+    times = _interleaved(configs, step, sync, args.block, args.warmup, args.reps)
+    syncs = _step_sync_cells(configs, step)
     base = statistics.median(times["untraced"])
     how = "in float32, no autocast" if amp_dtype is None else \
         f"under {'fp16' if amp_dtype == torch.float16 else 'bf16'} autocast"
@@ -508,27 +503,8 @@ def evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, 
     configs = {"untraced": contextlib.nullcontext, "ampdoctor Tracer": Tracer}
     if DebugUnderflowOverflow is not None:
         configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
-    times = {k: [] for k in configs}
-    for rep in range(args.warmup + args.reps):
-        order = list(configs)
-        order = order[rep % len(order):] + order[: rep % len(order)]
-        for name in order:
-            with configs[name]():
-                for _ in range(args.block * 2):
-                    sync()
-                    t0 = time.perf_counter()
-                    forward()
-                    sync()
-                    if rep >= args.warmup:
-                        times[name].append(time.perf_counter() - t0)
-    syncs = {}
-    for name, make in configs.items():
-        c = SyncCounter()
-        with make():
-            for _ in range(Tracer.FORWARD_BATCH):
-                with c:
-                    forward()
-        syncs[name] = f"{c.count / Tracer.FORWARD_BATCH:.2g}"
+    times = _interleaved(configs, forward, sync, args.block * 2, args.warmup, args.reps)
+    syncs = {name: f"{v:.2g}" for name, v in _reads_per_call(configs, forward, Tracer.FORWARD_BATCH).items()}
     base = statistics.median(times["untraced"])
     out = [f"### evaluation, {label.split(' (')[0]} model ({label.split('(', 1)[1]}", "",
            "| configuration | median forward | ratio to untraced | host syncs per forward |", "|---|---|---|---|"]
