@@ -29,8 +29,12 @@ class _Scaler:
     bf16_param: str | None = None  # the function building it accepts a bf16 precision
     setting: cst.BaseExpression | None = None  # what the file assigns to `enabled=self.amp` (one value)
     key: tuple = ()  # (the def or class it lives in, the name it is bound to)
-    where: str = "function"  # which of the two
     wrapper: bool = False  # a wrapper that owns a GradScaler (timm's NativeScaler): called, not `.scale()`d
+
+    @property
+    def where(self) -> str:
+        """Where it lives: ``self.scaler`` in a class, else in a function."""
+        return "class" if self.key[1].startswith(("self.", "cls.")) else "function"
 
 
 class GradScalerWithBf16(Rule):
@@ -106,8 +110,7 @@ class GradScalerWithBf16(Rule):
         bf16 = enabled is not None and (u.enables_for_bf16(names, enabled) or
                                         setting is not None and u.enables_for_bf16(names, setting))
         self.scalers.append(_Scaler(node, enabled, bf16, u.in_precision_branch(self.ctx),
-                                    self._bf16_parameter(), setting, self._key(u.scaler_target(self.ctx) or "scaler"),
-                                    "class" if (u.scaler_target(self.ctx) or "").startswith(("self.", "cls.")) else "function"))
+                                    self._bf16_parameter(), setting, self._key(u.scaler_target(self.ctx) or "scaler")))
 
     def _bf16_parameter(self) -> str | None:
         """``precision="bf16"`` (or a dtype parameter the function turns into bfloat16) among the
