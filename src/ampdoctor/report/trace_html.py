@@ -9,7 +9,8 @@ import json
 import math
 import re
 
-from ampdoctor.report.trace_text import _absmax, _num, table_rows, verdict, watch_line
+from ampdoctor.report.trace_text import (LOSSY_BITS, _absmax, _num, compare_advice, compare_legend, table_rows,
+                                         verdict, watch_line)
 from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS
 
 # log2 axes: float16's limits (2^-24 .. 2^16) with room either side, or bfloat16's (2^-133 .. 2^128)
@@ -201,20 +202,18 @@ def _compare(report: dict) -> str:
     esc = html.escape
     layers = cmp.get("layers") or []
     rows = "".join(
-        f'<tr class="{"origin" if (r.get("bits_lost") or 0) >= 3 else ""}">' + "".join(
+        f'<tr class="{"origin" if (r.get("bits_lost") or 0) >= LOSSY_BITS else ""}">' + "".join(
             f"<td>{esc(v)}</td>" for v in (
                 r["module"] or "?", r.get("class") or "", r.get("phase") or "", _num(r["own_rel_err"]),
                 _num(r["bits_lost"]), _num(r["rel_err_median"]), _num(r["rel_err_max"]), str(r["calls"]),
                 "container" if r.get("container") else "layer")) + "</tr>"
         for r in layers)
-    advice = next((r["advice"] for r in layers if r.get("advice") and not r.get("container")), None)
+    advice = compare_advice(layers)
     return (f"<h2>Precision against float32 ({esc(report['target_dtype'])}: {cmp.get('format_bits', '?')} bits)</h2>"
             + (f"<p>{_md(advice)}</p>" if advice else "")
             + "<table><tr><th>module</th><th>class</th><th>pass</th><th>own error</th><th>bits lost</th>"
               "<th>error carried (median)</th><th>error carried (max)</th><th>calls</th><th></th></tr>"
-            + rows + "</table><p class=\"note\">own error: relative L2 error of the output against the "
-              "layer's float32 re-run on the same inputs; error carried: against the float32 reference of "
-              "the whole run so far; bits lost: of the format's own, beyond its rounding</p>")
+            + rows + f'</table><p class="note">{esc(compare_legend("own error", "error carried"))}</p>')
 
 
 def _first_text(first: dict | None) -> str:

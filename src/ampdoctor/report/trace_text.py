@@ -238,6 +238,21 @@ def _rank_line(r: dict) -> str:
     return "; ".join(parts)
 
 
+LOSSY_BITS = 3  # a compared layer that loses this many bits of its format itself is marked
+
+
+def compare_advice(layers: list[dict]) -> str | None:
+    """The advice for the worst compared layer (containers have none of their own)."""
+    return next((r["advice"] for r in layers if r.get("advice") and not r.get("container")), None)
+
+
+def compare_legend(own: str, carried: str) -> str:
+    """What the comparison's columns mean, under the names a report gives them."""
+    return (f"{own}: relative L2 error of the output against the layer's float32 re-run on the same inputs; "
+            f"{carried}: against the float32 reference of the whole run so far; bits lost: of the format's own, "
+            "beyond its rounding")
+
+
 def _compare(console: Console, report: dict, limit: int = 8) -> None:
     """--compare fp32: the layers that lose the most digits themselves, worst first."""
     cmp = report.get("compare")
@@ -255,15 +270,13 @@ def _compare(console: Console, report: dict, limit: int = 8) -> None:
         line = (f"{middle(r['module'] or '?', name_w):<{name_w}}  {(r['class'] or '')[:12]:<12}  "
                 f"{_num(r['own_rel_err']):>8}  {_num(r['bits_lost']):>9}  {_num(r['rel_err_median']):>13}  "
                 f"{r['calls']:>5}")
-        style = "bold red" if (r["bits_lost"] or 0) >= 3 else None
+        style = "bold red" if (r["bits_lost"] or 0) >= LOSSY_BITS else None
         console.print(f"[{style}]{escape(line[:width])}[/{style}]" if style else escape(line[:width]),
                       highlight=False, soft_wrap=True)
-    advice = next((r["advice"] for r in rows if r.get("advice")), None)
+    advice = compare_advice(rows)
     if advice:
         _wrapped(console, advice, indent="  ", first="  ")
-    _wrapped(console, "own err: relative L2 error of the output against the layer's float32 re-run on the same "
-             "inputs; err (carried): against the float32 reference of the whole run so far; bits lost: of the "
-             "format's own, beyond its rounding", indent="  ", style="dim")
+    _wrapped(console, compare_legend("own err", "err (carried)"), indent="  ", style="dim")
 
 
 def watch_line(report: dict) -> str | None:
