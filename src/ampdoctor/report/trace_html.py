@@ -9,9 +9,8 @@ import json
 import math
 import re
 
-from ampdoctor.report.trace_text import (LOSSY_BITS, _absmax, _num, compare_advice, compare_legend, table_rows,
-                                         verdict, watch_line)
-from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS
+from ampdoctor.report.trace_text import _absmax, _num, compare_advice, compare_legend, table_rows, verdict, watch_line
+from ampdoctor.trace.formats import BFLOAT16, FLOAT16, FORMATS, LOSSY_BITS
 
 # log2 axes: float16's limits (2^-24 .. 2^16) with room either side, or bfloat16's (2^-133 .. 2^128)
 _AXES = {"float16": (-30.0, 20.0, 5), "bfloat16": (-140.0, 135.0, 25)}

@@ -7,6 +7,8 @@ import textwrap
 from rich.console import Console
 from rich.markup import escape
 
+from ampdoctor.trace.formats import LOSSY_BITS
+
 
 def _num(x) -> str:
     if x is None:
@@ -236,9 +238,6 @@ def _rank_line(r: dict) -> str:
         shown = ", ".join(map(str, r["skipped_steps"][:8])) + (" …" if len(r["skipped_steps"]) > 8 else "")
         parts.append(f"GradScaler skipped step(s) {shown}")
     return "; ".join(parts)
-
-
-LOSSY_BITS = 3  # a compared layer that loses this many bits of its format itself is marked
 
 
 def compare_advice(layers: list[dict]) -> str | None:

@@ -35,6 +35,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ampdoctor.trace import replay as rp
+from ampdoctor.trace.formats import FORMATS, LOSSY_BITS
 from ampdoctor.trace.tensors import skip_reason, tensors_in
 
 _LOW = (torch.float16, torch.bfloat16)
@@ -184,14 +185,11 @@ class Comparer:
             self.own.setdefault(key, []).append(own)
             self.total.setdefault(key, []).append(total)
 
-    def end_step(self) -> None:
-        self._refs = {}
-
     # -- the report ------------------------------------------------------------------------------
     def section(self, names: dict, canonical, mods: dict, target: str) -> dict:
         """Per layer, worst first: the layers that lose the most digits themselves, then the
         containers (whose own error is their children's)."""
-        bits = _PRECISION_BITS.get(target, 11)
+        bits = _format(target).bits
         merged_own: dict[int, list[float]] = {}
         merged_total: dict[int, list[float]] = {}
         for key, vals in self.total.items():
@@ -216,7 +214,7 @@ class Comparer:
                    "calls": len(vals), "rel_err_median": _median(vals), "rel_err_max": max(vals),
                    "own_rel_err": own, "bits_correct": _correct(own), "bits_lost": _lost(own, bits),
                    "container": container}
-            if not row["container"] and row["bits_lost"] and row["bits_lost"] >= ADVICE_BITS:
+            if not row["container"] and row["bits_lost"] and row["bits_lost"] >= LOSSY_BITS:
                 row["advice"] = _advice(row, target)
             rows.append(row)
         rows.sort(key=lambda r: (r["container"], -_order(r["own_rel_err"]), -_order(r["rel_err_median"]),
@@ -227,18 +225,17 @@ class Comparer:
         return out
 
 
-# significand bits, the implicit one included
-_PRECISION_BITS = {"float16": 11, "bfloat16": 8}
-ADVICE_BITS = 3.0  # a layer that loses this many of its format's bits gets advice
+def _format(target: str):
+    """The format a trace judges against (float16 when it names none of the 16-bit ones)."""
+    return FORMATS.get(target, FORMATS["float16"])
 
 
 def _advice(row: dict, target: str) -> str:
-    name = row["module"]
-    fmt = "float16" if target == "float16" else "bfloat16"
-    return (f"`{name}` loses {row['bits_lost']:g} of {fmt}'s {_PRECISION_BITS.get(target, 11)} bits itself: run "
+    name, fmt = row["module"], _format(target)
+    return (f"`{name}` loses {row['bits_lost']:g} of {fmt.name}'s {fmt.bits} bits itself: run "
             f"it in float32 (wrap the call in `torch.autocast(..., enabled=False)` and give it `.float()` "
             f"inputs); if it sums, averages or normalises many values, upcast that reduction"
-            + (" (bfloat16 keeps even fewer bits: it helps range, not precision)" if fmt == "float16" else "")
+            + (" (bfloat16 keeps even fewer bits: it helps range, not precision)" if fmt.name == "float16" else "")
             + ".")
 
 
