@@ -31,33 +31,46 @@ def scaler_classes() -> list[type]:
     return [base] + sorted(set(_subclasses(base)), key=lambda c: f"{c.__module__}.{c.__qualname__}")
 
 
-class Patches:
+class Swaps:
+    """Attributes of classes and modules replaced for a while; ``remove()`` puts every original
+    back, the last replaced first."""
+
+    def __init__(self) -> None:
+        self.originals: list[tuple[object, str, object]] = []
+
+    def set(self, owner, name: str, value) -> None:
+        self.originals.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def remove(self) -> None:
+        for owner, name, value in reversed(self.originals):
+            setattr(owner, name, value)
+        self.originals.clear()
+
+
+class Patches(Swaps):
     """Wraps GradScaler.step/update/unscale_, torch.autograd.backward/grad and Optimizer.__init__
     for the duration of the trace, and puts every original back in ``remove()``."""
 
     def __init__(self, tracer: "Tracer") -> None:
+        super().__init__()
         self.tracer = tracer
-        self.originals: list[tuple[object, str, object]] = []
         self.depth = 0
-
-    def _set(self, owner, name: str, value) -> None:
-        self.originals.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
-        setattr(owner, name, value)
 
     def install(self) -> None:
         for cls in scaler_classes():
             own = vars(cls)
             if "step" in own:
-                self._set(cls, "step", self._wrap_step(own["step"]))
+                self.set(cls, "step", self._wrap_step(own["step"]))
             if "update" in own:
-                self._set(cls, "update", self._wrap_update(own["update"]))
+                self.set(cls, "update", self._wrap_update(own["update"]))
             if "unscale_" in own:
-                self._set(cls, "unscale_", self._wrap_unscale(own["unscale_"]))
+                self.set(cls, "unscale_", self._wrap_unscale(own["unscale_"]))
             if "scale" in own:
-                self._set(cls, "scale", self._wrap_scale(own["scale"]))
-        self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
-        self._set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad, returns=True))
-        self._set(torch.optim.Optimizer, "__init__", self._wrap_init(vars(torch.optim.Optimizer)["__init__"]))
+                self.set(cls, "scale", self._wrap_scale(own["scale"]))
+        self.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self.set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad, returns=True))
+        self.set(torch.optim.Optimizer, "__init__", self._wrap_init(vars(torch.optim.Optimizer)["__init__"]))
 
     def _wrap_step(self, orig):
         tracer = self.tracer
@@ -138,7 +151,3 @@ class Patches:
             return orig(optimizer, *args, **kwargs)
         return __init__
 
-    def remove(self) -> None:
-        for owner, name, value in reversed(self.originals):
-            setattr(owner, name, value)
-        self.originals.clear()

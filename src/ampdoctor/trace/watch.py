@@ -27,7 +27,7 @@ import torch
 
 from ampdoctor.trace import replay as rp
 from ampdoctor.trace.naming import _find_roots as _script_modules
-from ampdoctor.trace.patches import scaler_classes
+from ampdoctor.trace.patches import Swaps, scaler_classes
 from ampdoctor.trace.tensors import skip_reason, tensors_in
 from ampdoctor.trace.tracer import StopTracing, Tracer
 
@@ -80,7 +80,7 @@ class Watcher:
         self.tracer: Tracer | None = None
         self.replayed: list[str] = []  # what the replay of the bad step could not do, or "ok"
         self.notes: dict[str, str] = {}
-        self._originals: list[tuple[object, str, object]] = []
+        self._swaps = Swaps()  # the wrapped GradScaler methods and autograd.backward
         self._handles: list = []
         self._active = False
         self._roots: dict[int, tuple["weakref.ref", list]] = {}
@@ -104,10 +104,10 @@ class Watcher:
         for cls in scaler_classes():
             own = vars(cls)
             if "step" in own:
-                self._set(cls, "step", self._wrap_step(own["step"]))
+                self._swaps.set(cls, "step", self._wrap_step(own["step"]))
             if "update" in own:
-                self._set(cls, "update", self._wrap_update(own["update"]))
-        self._set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+                self._swaps.set(cls, "update", self._wrap_update(own["update"]))
+        self._swaps.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
         self._active = True
         return self
 
@@ -128,14 +128,8 @@ class Watcher:
             for h in handles:
                 h.remove()
         self._roots.clear()
-        for owner, name, value in reversed(self._originals):
-            setattr(owner, name, value)
-        self._originals.clear()
+        self._swaps.remove()
         self._snaps = []
-
-    def _set(self, owner, name: str, value) -> None:
-        self._originals.append((owner, name, vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)))
-        setattr(owner, name, value)
 
     def _guard(self, fn, *args):
         try:
