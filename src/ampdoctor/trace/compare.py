@@ -135,22 +135,15 @@ class Comparer:
         state = {**self._params(module),
                  **{n: b.detach().clone().float() if b.is_floating_point() else b.detach().clone()
                     for n, b in module.named_buffers()}}
-        now = rp._rng()
         self.shadowing = True
         try:
-            torch.set_rng_state(rng[0][0])
-            if rng[0][1] is not None:
-                torch.cuda.set_rng_state_all(rng[0][1])
-            with contextlib.ExitStack() as stack:
+            with rp._rng_as(rng[0]), contextlib.ExitStack() as stack:
                 stack.enter_context(torch.no_grad())
                 for dev, _, dtype in rng[1]:
                     stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=False))
                 return torch.func.functional_call(module, state, tuple(args), dict(kwargs), strict=False)
         finally:
             self.shadowing = False
-            torch.set_rng_state(now[0])
-            if now[1] is not None:
-                torch.cuda.set_rng_state_all(now[1])
 
     def _params(self, module) -> dict:
         """The module's parameters, 16-bit ones as float32 copies (made once per optimizer step)."""

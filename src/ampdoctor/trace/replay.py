@@ -176,22 +176,28 @@ def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
 
 
 @contextlib.contextmanager
-def _as_before(saved: "_Saved"):
-    """RNG and autocast as they were just before the real call; the RNG is put back after."""
+def _rng_as(state):
+    """The RNG set to ``state`` (what ``_rng()`` returned) inside the block, and put back after."""
     now = _rng()
     try:
-        torch.set_rng_state(saved.rng[0])
-        if saved.rng[1] is not None:
-            torch.cuda.set_rng_state_all(saved.rng[1])
-        with contextlib.ExitStack() as stack:
-            for dev, enabled, dtype in saved.autocast:
-                # no cast cache: a weight cast to float16 is cast again, so the replay sees that op
-                stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=enabled, cache_enabled=False))
-            yield
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state_all(state[1])
+        yield
     finally:
         torch.set_rng_state(now[0])
         if now[1] is not None:
             torch.cuda.set_rng_state_all(now[1])
+
+
+@contextlib.contextmanager
+def _as_before(saved: "_Saved"):
+    """RNG and autocast as they were just before the real call; the RNG is put back after."""
+    with _rng_as(saved.rng), contextlib.ExitStack() as stack:
+        for dev, enabled, dtype in saved.autocast:
+            # no cast cache: a weight cast to float16 is cast again, so the replay sees that op
+            stack.enter_context(torch.autocast(dev, dtype=dtype, enabled=enabled, cache_enabled=False))
+        yield
 
 
 @dataclasses.dataclass
