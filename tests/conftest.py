@@ -48,6 +48,19 @@ def fixture_selection(text: str) -> frozenset[str]:
     return frozenset().union(*(expand(c) for c in re.split(r"[\s,]+", m.group(1).strip()) if c))
 
 
+def trace_fixture(name: str):
+    """Import ``fixtures/trace/<name>.py`` as a module (its ``train`` function, its models)."""
+    import importlib
+    import sys
+
+    folder = str(FIXTURES / "trace")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)
+
+
 def lint_text(text: str, path: str = "snippet.py", enabled=None, fix=None, min_torch=None):
     from ampdoctor.lint.engine import Settings, lint_bytes
     from ampdoctor.lint.registry import all_infos

@@ -3,10 +3,8 @@ their format's precision, and the run's results do not change at all."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
-import sys
 
 import pytest
 
@@ -15,17 +13,9 @@ from click.testing import CliRunner  # noqa: E402
 
 from ampdoctor.cli import main  # noqa: E402
 from ampdoctor.trace import Tracer  # noqa: E402
-from conftest import FIXTURES  # noqa: E402
+from conftest import FIXTURES, trace_fixture  # noqa: E402
 
 SCRIPT = FIXTURES / "trace" / "compare_lossy_shift.py"
-
-
-def _fixture():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        return importlib.import_module("compare_lossy_shift")
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
 
 
 def test_the_layer_that_loses_digits_is_ranked_first_and_healthy_ones_lose_none():
@@ -66,7 +56,7 @@ def test_the_html_report_shows_the_comparison(tmp_path):
 
 
 def test_comparing_changes_nothing_bitwise():
-    mod = _fixture()
+    mod = trace_fixture("compare_lossy_shift")
     model, outs = mod.train(steps=3)
     with Tracer(compare="float32") as t:
         cmodel, couts = mod.train(steps=3)

@@ -3,9 +3,7 @@ bad step is found and replayed under a full trace, and the run's results do not 
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 
 import pytest
 
@@ -14,17 +12,9 @@ from click.testing import CliRunner  # noqa: E402
 
 from ampdoctor.cli import main  # noqa: E402
 from ampdoctor.trace.watch import Watcher  # noqa: E402
-from conftest import FIXTURES  # noqa: E402
+from conftest import FIXTURES, trace_fixture  # noqa: E402
 
 SCRIPT = FIXTURES / "trace" / "watch_bad_batch.py"
-
-
-def _fixture():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        return importlib.import_module("watch_bad_batch")
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
 
 
 def _watch_json(*opts, script_args=()):
@@ -65,7 +55,7 @@ def _counting(monkeypatch):
 
 
 def test_no_host_transfer_in_healthy_steps(monkeypatch):
-    mod = _fixture()
+    mod = trace_fixture("watch_bad_batch")
     mod.train(steps=2)  # warm up outside the count
     calls = _counting(monkeypatch)
     mod.train(steps=30)
@@ -81,7 +71,7 @@ def test_no_host_transfer_in_healthy_steps(monkeypatch):
 
 
 def test_watching_and_replaying_change_nothing_bitwise():
-    mod = _fixture()
+    mod = trace_fixture("watch_bad_batch")
     model, losses = mod.train(steps=34)
     with Watcher(trace_steps=2) as w:
         wmodel, wlosses = mod.train(steps=34)
