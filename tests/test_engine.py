@@ -76,24 +76,30 @@ def test_output_is_identical_across_hash_seeds_and_process_counts(tmp_path):
     assert doc["summary"]["files"] == 40 and doc["summary"]["diagnostics"] == 20 * 4
 
 
+def _lint_grouped(monkeypatch, text: str, chunk: int | None = None):
+    """Lint ``text`` as a large file (the thresholds lowered to its size): the result, and the
+    source of each pass the engine parsed."""
+    from ampdoctor.lint import engine
+
+    monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
+    monkeypatch.setattr(engine, "LARGE_TREE", 100)
+    if chunk is not None:
+        monkeypatch.setattr(engine, "CHUNK_CHARS", chunk)
+    passes: list[str] = []
+    real = engine._lint_text
+    monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(a[1]) or real(*a))
+    return lint_bytes("big.py", text.encode(), Settings(enabled=frozenset(all_infos()))), passes
+
+
 def test_very_large_files_are_linted_in_groups_with_the_same_findings(monkeypatch):
     """A file over LARGE_FILE is parsed a group of top-level statements at a time (memory);
     statement-local findings and their positions are the same as in one pass, imports are
     reported once, and no fix is offered."""
-    from ampdoctor.lint import engine
-
     text = (FIXTURES / "lint" / "deprecated_device_amp.py").read_text("utf-8")
     text += "".join(f"\n\ndef filler_{i}(x):\n    return x * {i}\n" for i in range(200))
-    settings = Settings(enabled=frozenset(all_infos()))
-    whole = lint_bytes("big.py", text.encode(), settings)
-    monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
-    monkeypatch.setattr(engine, "LARGE_TREE", 100)
-    monkeypatch.setattr(engine, "CHUNK_CHARS", 600)
-    passes = []
-    real = engine._lint_text
-    monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(len(a[1])) or real(*a))
-    grouped = lint_bytes("big.py", text.encode(), settings)
-    assert len(passes) > 3 and max(passes) < len(text) / 3  # parsed in groups, never whole
+    whole = lint_bytes("big.py", text.encode(), Settings(enabled=frozenset(all_infos())))
+    grouped, passes = _lint_grouped(monkeypatch, text, chunk=600)
+    assert len(passes) > 3 and max(map(len, passes)) < len(text) / 3  # parsed in groups, never whole
     key = sorted((d.line, d.column, d.code, d.message) for d in whole.diagnostics)
     assert key and key == sorted((d.line, d.column, d.code, d.message) for d in grouped.diagnostics)
     assert all(d.fix is None for d in grouped.diagnostics)
@@ -103,22 +109,13 @@ def test_one_huge_literal_statement_is_linted_element_group_by_group(monkeypatch
     """A single top-level list display larger than the group size (torch's 660 KB `op_db`) is cut
     between elements that start a line; findings inside the elements keep their lines and columns,
     and code after the list is still linted."""
-    from ampdoctor.lint import engine
-
     rows = [f"    dict(name='op{i}', fn=lambda x: x * {i}, dtypes=(torch.float32,)),\n" for i in range(400)]
     rows[150] = "    dict(name='amp', ctx=torch.cuda.amp.autocast(enabled=True)),\n"
     rows[399] = "    dict(name='last', scaler=torch.cuda.amp.GradScaler())]\n"  # closes on its own line
     after = (FIXTURES / "lint" / "deprecated_device_amp.py").read_text("utf-8")
     text = "import torch\n\nop_db: list = [\n" + "".join(rows) + "\n" + after
-    settings = Settings(enabled=frozenset(all_infos()))
-    whole = lint_bytes("big.py", text.encode(), settings)
-    monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
-    monkeypatch.setattr(engine, "LARGE_TREE", 100)
-    monkeypatch.setattr(engine, "CHUNK_CHARS", 3_000)
-    passes = []
-    real = engine._lint_text
-    monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(a[1]) or real(*a))
-    grouped = lint_bytes("big.py", text.encode(), settings)
+    whole = lint_bytes("big.py", text.encode(), Settings(enabled=frozenset(all_infos())))
+    grouped, passes = _lint_grouped(monkeypatch, text, chunk=3_000)
     assert len(passes) > 5 and max(len(p) for p in passes) < 8_000  # never the whole list
     key = sorted((d.line, d.column, d.code) for d in whole.diagnostics)
     assert (154, 26, "AMP501") in key and any(line == 403 for line, _, _ in key)
@@ -128,19 +125,12 @@ def test_one_huge_literal_statement_is_linted_element_group_by_group(monkeypatch
 def test_a_generated_table_in_a_large_file_is_not_parsed(monkeypatch):
     """A top-level statement of pure constant data (a generated lookup table) holds nothing a
     rule looks at; in a large file it is skipped, and findings after it keep their lines."""
-    from ampdoctor.lint import engine
-
     table = "META = {\n" + "".join(f"    ({i}, torch.float16): ({i}, -{i}.5, 'x'),\n" for i in range(3000)) + "}\n"
     text = ("import torch\n\n" + table +
             (FIXTURES / "lint" / "deprecated_device_amp.py").read_text("utf-8"))
-    settings = Settings(enabled=frozenset(all_infos()))
-    monkeypatch.setattr(engine, "LARGE_FILE", 2_000)
-    monkeypatch.setattr(engine, "LARGE_TREE", 100)
-    passes = []
-    real = engine._lint_text
-    monkeypatch.setattr(engine, "_lint_text", lambda *a: passes.append(a[1]) or real(*a))
-    grouped = lint_bytes("big.py", text.encode(), settings)
+    grouped, passes = _lint_grouped(monkeypatch, text)
     assert passes and not any("META = {" in p for p in passes)
     offset = table.count("\n") + 2
-    base = lint_bytes("small.py", (FIXTURES / "lint" / "deprecated_device_amp.py").read_bytes(), settings)
+    base = lint_bytes("small.py", (FIXTURES / "lint" / "deprecated_device_amp.py").read_bytes(),
+                      Settings(enabled=frozenset(all_infos())))
     assert sorted((d.line - offset, d.code) for d in grouped.diagnostics) == sorted((d.line, d.code) for d in base.diagnostics)
