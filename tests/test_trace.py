@@ -329,9 +329,42 @@ def test_a_batch_keeps_each_tensor_apart_whatever_the_dtypes_and_grouping():
         assert s[4].classes["float16"]["zero"] == 10 and s[4].min_nonzero == float("inf")  # padding is not counted
         assert s[5].classes["float16"]["nan"] == 1 and not s[5].finite
         assert s[2].min_nonzero <= 1e-6 < 2 * s[2].min_nonzero
-        big = s[6]  # a sample of 1,024 values stands for all 50,000
+        big = s[6]  # a sample of 256 values stands for all 50,000
         assert big.sampled and sum(big.classes["float16"].values()) == pytest.approx(50_000, rel=1e-3)
         assert (big.vmin, big.vmax) == (-3.0, 3.0)
+
+
+def test_a_block_used_again_holds_none_of_the_last_steps_values():
+    from ampdoctor.trace import stats as st
+
+    first = _rows([torch.randn(5000) * 1e-6, torch.full((40,), 3.0)])
+    assert first[0].min_nonzero < 1e-6
+    again = _rows([torch.zeros(3), torch.tensor([2.0])])  # short rows, written where the values were
+    assert again[0].classes["float16"] == {**dict.fromkeys(st.CLASSES, 0.0), "zero": 3.0}
+    assert again[0].min_nonzero == float("inf")
+    assert again[1].classes["bfloat16"] == {**dict.fromkeys(st.CLASSES, 0.0), "normal": 1.0}
+
+
+def test_parameter_gradients_counted_apart_agree_with_a_batch():
+    # accelerators count parameter gradients in their own narrower block (params.measure); the
+    # CPU counts them with the module tensors. Both must give the same summaries.
+    from ampdoctor.trace import params as pm
+    from ampdoctor.trace import stats as st
+
+    grads = [torch.randn(300, 7) * 1e-5, torch.tensor([0.0, 1e-8, float("inf")]),
+             torch.randn(64, dtype=torch.float64), torch.randn(1000).to(torch.bfloat16)[::3],
+             torch.full((4,), float("nan"), dtype=torch.float16)]
+    flat, lengths = pm.measure(grads)
+    values = flat.tolist()
+    apart = [st.summarise(str(g.dtype), values[i * st.ROW:(i + 1) * st.ROW], g.numel(), lengths[i])
+             for i, g in enumerate(grads)]
+    together = _rows(grads)
+    for a, b in zip(apart, together):
+        assert (a.vmin, a.vmax, a.min_nonzero, a.sampled) == (b.vmin, b.vmax, b.min_nonzero, b.sampled) or \
+            (a.vmin != a.vmin and b.vmin != b.vmin)
+        assert a.counts == b.counts
+    assert apart[1].classes["float16"]["zero"] == 1 and apart[1].classes["float16"]["flush"] == 1
+    assert apart[1].classes["float16"]["pinf"] == 1 and apart[4].classes["bfloat16"]["nan"] == 4
 
 
 def test_the_accelerator_counting_methods_agree_with_bincount():

@@ -4,8 +4,8 @@ For the parameters of one device, a handful of fused ops, whatever their number:
 ``_foreach_norm(inf)`` per dtype gives every gradient's exact absmax (NaN and inf included; on the
 CPU, where that op is slow, one ``aminmax`` per gradient gives the exact extremes), and
 one ``cat`` of an evenly strided view of each gradient (at most ``SAMPLE`` values, no copy of
-the gradient) is bucketed and counted like the module rows. The result is a [parameters, ROW]
-block that joins the step's single transfer.
+the gradient), placed one gradient per row, is bucketed and counted like the module rows. The
+result is a [parameters, ROW] block that joins the step's single transfer.
 """
 
 from __future__ import annotations
@@ -51,11 +51,23 @@ def measure(grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
         for pos, i in enumerate(order):
             where[i] = pos
         ext = torch.cat(parts).index_select(0, st._to_device(torch.tensor(where, dtype=torch.int64), device))
-    pieces, lengths = [], []
-    for g in grads:
-        flat = _flat_sample(g)
-        lengths.append(flat.numel())
-        pieces.append(flat)
-    classes = st._classes(torch.cat(pieces), tuple(lengths), device)
+    flats = [_flat_sample(g) for g in grads]
+    lengths = [f.numel() for f in flats]
+    flat = torch.cat(flats)
+    rows = torch.zeros(len(grads), SAMPLE, dtype=torch.float32, device=device)
+    rows.view(-1).index_copy_(0, _places(tuple(lengths), device), flat.to(torch.float32))
+    classes = st._classes(rows, [SAMPLE - n for n in lengths])
     out = torch.cat([ext, classes.to(ext.dtype)], dim=1)
     return out.reshape(-1), lengths
+
+
+_PLACES: dict[tuple, torch.Tensor] = {}
+
+
+def _places(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Where each sampled value goes in the [gradients, SAMPLE] block: gradient i's values start
+    its row i (cached per layout: an optimizer's gradients keep their sizes)."""
+    def make():
+        idx = torch.cat([torch.arange(i * SAMPLE, i * SAMPLE + n) for i, n in enumerate(lengths)])
+        return st._to_device(idx, device)
+    return st._memo(_PLACES, (lengths, device), make, limit=16)

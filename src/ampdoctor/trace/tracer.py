@@ -195,7 +195,7 @@ class Tracer:
         self._handles.clear()
         self._patches.remove()
         try:
-            if was_active and (self._pending or self._calls or self._parts or self._bwd or self._dirty):
+            if was_active and (self._pending or self._calls or self._parts or self._param_rows or self._bwd or self._dirty):
                 self._flush(end_step=True, count=self._dirty, stop=False)
             if self.namer.pending:
                 self.namer.resolve()
@@ -400,7 +400,7 @@ class Tracer:
         batch = self._batches.get(dev)
         if batch is None:
             batch = self._batches[dev] = st.Batch(dev)
-        slot = len(batch)
+        slot = len(batch.dtypes)
         n, sampled = batch.add(t)
         self._gid += 1
         self._pending.append(_Pending(self._gid, _dtype_name(t.dtype), n, sampled, dev, slot))
@@ -500,10 +500,18 @@ class Tracer:
             keys.append(self.namer.param_key(p))
             grads.append(g.detach())
         for dev, (keys, grads) in by_dev.items():
-            flat, lengths = pm.measure(grads)
             dtypes = [_dtype_name(g.dtype) for g in grads]
             numels = [g.numel() for g in grads]
-            self._parts.append((flat, ("params", keys, dtypes, numels, lengths, scaled)))
+            batch = self._batches.get(dev)
+            if batch is None:
+                batch = self._batches[dev] = st.Batch(dev)
+            if batch.width == pm.SAMPLE:  # rows as wide as the module tensors': counted with them
+                first = len(batch.dtypes)
+                lengths = [batch.add(g)[1] for g in grads]
+                self._param_rows.append((dev, first, ("params", keys, dtypes, numels, lengths, scaled)))
+            else:
+                flat, lengths = pm.measure(grads)
+                self._parts.append((flat, ("params", keys, dtypes, numels, lengths, scaled)))
 
     def _scaler_before(self, scaler):
         if not getattr(scaler, "_enabled", False) or getattr(scaler, "_scale", None) is None:
@@ -620,6 +628,7 @@ class Tracer:
         self._hooked: dict[int, list[_Call]] = {}
         self._bwd: list[tuple[int, int]] = []  # (gradient's id, the id of the tensor it is the gradient of)
         self._parts: list[tuple] = []  # (flat device tensor, what it is)
+        self._param_rows: list[tuple] = []  # (device, first slot, what): gradients measured in a Batch
         self._loss_gids: list[int] = []
         self._gradres_gids: list[int] = []  # what top-level torch.autograd.grad calls returned
         self._double_backward = False  # autograd.grad(create_graph=True) ran: gradients have a graph
@@ -639,9 +648,9 @@ class Tracer:
         self._tops: dict[int, weakref.ref] = {}  # the modules called at the top level in this step
 
     def _transfer(self) -> dict[int, st.TensorSummary]:
-        pending, batches, parts = self._pending, self._batches, self._parts
-        self._pending, self._batches, self._parts = [], {}, []
-        if not pending and not parts:
+        pending, batches, parts, param_rows = self._pending, self._batches, self._parts, self._param_rows
+        self._pending, self._batches, self._parts, self._param_rows = [], {}, [], []
+        if not pending and not parts and not param_rows:
             return {}
         flat = []
         start: dict[torch.device, int] = {}
@@ -655,6 +664,9 @@ class Tracer:
             extra_at.append(pos)
             flat.append(x)
             pos += x.numel()
+        for dev, first, what in param_rows:
+            extra_at.append(start[dev] + first * st.ROW)
+            parts.append((None, what))
         if len({x.device for x in flat}) > 1:  # several devices: gather them on one first
             dev = sorted({x.device for x in flat}, key=str)[0]
             flat = [x.to(dev, non_blocking=True).double() for x in flat]
@@ -668,7 +680,7 @@ class Tracer:
             out[p.gid] = st.summarise(p.dtype, values[at: at + st.ROW], p.numel, p.sampled)
             self.dtypes_seen.add(p.dtype)
         for at, (x, what) in zip(extra_at, parts):
-            vals = values[at: at + x.numel()]
+            vals = values[at: at + (x.numel() if x is not None else len(what[1]) * st.ROW)]
             if what[0] == "scaler":
                 self._step_scaler.append(tuple(vals))
             elif what[0] == "compare":
