@@ -367,6 +367,34 @@ def test_parameter_gradients_counted_apart_agree_with_a_batch():
     assert apart[1].classes["float16"]["pinf"] == 1 and apart[4].classes["bfloat16"]["nan"] == 4
 
 
+def _rounded(obj):
+    if isinstance(obj, float):
+        return float(f"{obj:.9g}")
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+@pytest.mark.parametrize("script", ["fp16_underflow.py", "fp16_linear_overflow.py", "scaler_skips.py"])
+def test_counts_summed_a_step_at_a_time_match_adding_each_tensor(script, monkeypatch):
+    from ampdoctor.trace import records, tracer
+
+    _, fast = trace_json(script)
+    real = records.add_counts
+
+    def one_by_one(agg, s, sums):
+        real(agg, s, None)
+
+    monkeypatch.setattr(records, "add_counts", one_by_one)
+    monkeypatch.setattr(tracer, "add_counts", one_by_one)
+    _, slow = trace_json(script)
+    assert fast["modules"] and fast["params"]
+    assert _rounded(fast["modules"]) == _rounded(slow["modules"])
+    assert _rounded(fast["params"]) == _rounded(slow["params"])
+
+
 def test_the_accelerator_counting_methods_agree_with_bincount():
     from ampdoctor.trace import stats as st
 

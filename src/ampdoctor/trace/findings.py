@@ -514,6 +514,7 @@ def _first(tracer, origins, names, findings) -> dict | None:
 
 
 def build_report(tracer) -> dict:
+    tracer.settle()
     target = target_of(tracer)
     names = tracer.namer.names()
     _ANCESTORS.clear()

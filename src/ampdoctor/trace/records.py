@@ -35,6 +35,7 @@ class ModuleAgg:
     # first step of the bucket -> absmax (inf when NaN/inf was seen)
     series: dict[int, float] = field(default_factory=dict)
     bucket: int = 1
+    slot: int = -1  # its row in the tracer's CountSums (-1: counts are added here)
 
     @staticmethod
     def mark(steps: list[int], step: int) -> None:
@@ -45,7 +46,7 @@ class ModuleAgg:
     def classes(self) -> dict[str, dict[str, float]]:
         return st.counts_to_classes(self.counts)
 
-    def add(self, s: st.TensorSummary, step: int | None = None) -> None:
+    def add(self, s: st.TensorSummary, step: int | None = None, sums: st.CountSums | None = None) -> None:
         if step is not None:
             self.add_point(step, s.absmax if s.finite else math.inf)
         self.dtypes.add(s.dtype)
@@ -59,7 +60,7 @@ class ModuleAgg:
         if s.min_nonzero < self.min_nonzero:
             self.min_nonzero = s.min_nonzero
         self.elements += s.numel
-        self.counts = [x + y for x, y in zip(self.counts, s.counts)]
+        add_counts(self, s, sums)
 
     def add_point(self, step: int, value: float) -> None:
         b = step - step % self.bucket
@@ -94,6 +95,18 @@ class ModuleAgg:
             setattr(self, name, sorted(set(getattr(self, name)) | set(getattr(other, name))))
 
 
+def add_counts(agg, s: st.TensorSummary, sums: st.CountSums | None) -> None:
+    """Add a summary's class counts to an aggregate: to its row of ``sums`` when it has one (what
+    the exact extremes correct is added here), else to its own list."""
+    if sums is not None and agg.slot >= 0 and s.src is not None:
+        sums.add(agg.slot, s)
+        extra = s.extra()
+        if extra is not None:
+            agg.counts = [x + y for x, y in zip(agg.counts, extra)]
+    else:
+        agg.counts = [x + y for x, y in zip(agg.counts, s.counts)]
+
+
 @dataclass
 class ParamAgg:
     """One parameter's gradients over the run (measured when the optimizer was about to use them)."""
@@ -106,6 +119,7 @@ class ParamAgg:
     counts: list[float] = field(default_factory=lambda: [0.0] * st.NCOUNTS)
     nonfinite_steps: list[int] = field(default_factory=list)
     scaled: bool = False  # measured before GradScaler.unscale_ (the values are loss-scaled)
+    slot: int = -1  # its row in the tracer's CountSums (-1: counts are added here)
 
     @property
     def classes(self) -> dict[str, dict[str, float]]:

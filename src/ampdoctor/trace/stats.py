@@ -126,6 +126,7 @@ class Batch:
         self.extremes: dict[torch.dtype, list[torch.Tensor]] = {}  # per dtype: min, max, min, max, ...
         self.dtypes: list[torch.dtype] = []  # of each tensor, in order
         self.block: torch.Tensor | None = None  # [cap, width] float32
+        self.views: list[torch.Tensor] | None = None  # its rows, on the CPU
         self.cap = 0
         self.used = 0  # rows of the block written
         self.pads: list[int] = []  # zeros after the values, per written row
@@ -142,33 +143,38 @@ class Batch:
             ext = self.extremes[dt] = []
         ext.extend(torch.aminmax(x))
         self.dtypes.append(dt)
-        block = self.block
-        if block is None:
-            block = self.block = self._new_block()
-            self.cap = len(block)
-        row = block[self.used]
+        if self.block is None:
+            self._new_block()
+        views = self.views
+        row = views[self.used] if views is not None else self.block[self.used]
         n, width = x.numel(), self.width
         if n <= width:
             m = n
-            src = x.view(-1) if x.is_contiguous() else x.reshape(-1)
-        else:
+            (row if m == width else row[:m]).copy_(x.view(-1) if x.is_contiguous() else x.reshape(-1))
+        else:  # a copy: a later in-place change cannot alter it
             s = -(-n // width)
             m = -(-n // s)
-            src = x.as_strided((m,), (s,)) if x.is_contiguous() else torch.take(x, _sample_index(n, width, x.device))
-        (row if m == width else row[:m]).copy_(src)  # a copy: a later in-place change cannot alter it
+            if dt is torch.float32:  # one op
+                torch.take(x, _sample_index(n, width, x.device), out=row if m == width else row[:m])
+            else:
+                (row if m == width else row[:m]).copy_(x.as_strided((m,), (s,)) if x.is_contiguous() else
+                                                      torch.take(x, _sample_index(n, width, x.device)))
         self.pads.append(width - m)
         self.used += 1
         if self.used == self.cap:
             self._count_held()
         return n, m
 
-    def _new_block(self) -> torch.Tensor:
+    def _new_block(self) -> None:
         cpu = self.device.type == "cpu"
         cap = max(1, min(self.HOLD, _BLOCK[cpu]) // self.width)
         spare = _SPARE.pop(self.device, None) if cpu else None
-        if spare is not None and len(spare) == cap:
-            return spare
-        return torch.zeros(cap, self.width, dtype=torch.float32, device=self.device)
+        if spare is not None and len(spare[0]) == cap:
+            self.block, self.views = spare
+        else:
+            self.block = torch.zeros(cap, self.width, dtype=torch.float32, device=self.device)
+            self.views = list(self.block.unbind(0)) if cpu else None  # made once: the block serves again
+        self.cap = cap
 
     def _count_held(self) -> None:
         if not self.used:
@@ -177,8 +183,8 @@ class Batch:
         self.counted.append(_classes(block, self.pads))
         if self.device.type == "cpu":  # counted already (CPU ops are synchronous): zeroed, it serves again
             block.zero_()  # the rows written; the others were never touched
-            _SPARE[self.device] = self.block
-        self.block, self.used, self.pads = None, 0, []
+            _SPARE[self.device] = (self.block, self.views)
+        self.block, self.views, self.used, self.pads = None, None, 0, []
 
     def rows(self) -> torch.Tensor:
         """ROW values per tensor, in the order they were added, as one flat vector on the device."""
@@ -209,8 +215,8 @@ class Batch:
 
 
 _BLOCK = {True: 1 << 16, False: 1 << 22}  # values per block, on the CPU (True) and elsewhere
-_SPARE: dict[torch.device, torch.Tensor] = {}  # a counted CPU block, zeroed, for the next step: a fresh
-#                                              one costs the host page faults every step
+_SPARE: dict[torch.device, tuple] = {}  # a counted CPU block (zeroed) and its rows, for the next
+#                                       step: a fresh one costs the host page faults every step
 _ORDERS: dict[tuple, torch.Tensor] = {}
 
 
@@ -302,18 +308,49 @@ def index_of(fmt: str, cls: str) -> int:
     return FORMAT_NAMES.index(fmt) * NCLASSES + CLASSES.index(cls)
 
 
-@dataclass(slots=True)
 class TensorSummary:
-    """Host-side summary of one tensor."""
+    """Host-side summary of one tensor. Its class counts are worked out when first read: most
+    summaries are only added to a module's sums (``CountSums``), which reads the raw row."""
 
-    dtype: str
-    numel: int
-    absmax: float
-    vmin: float
-    vmax: float
-    min_nonzero: float  # a lower bound, within a factor of two
-    counts: list[float]  # class counts, format-major (see NCOUNTS)
-    sampled: bool = False
+    __slots__ = ("dtype", "numel", "absmax", "vmin", "vmax", "min_nonzero", "sampled", "row", "scale", "fix",
+                 "at", "src", "_counts")
+
+    def __init__(self, dtype: str, numel: int, absmax: float, vmin: float, vmax: float, min_nonzero: float,
+                 row: list[float], scale: float, sampled: bool, fix: bool, at: int = -1,
+                 src: torch.Tensor | None = None) -> None:
+        self.dtype = dtype
+        self.numel = numel
+        self.absmax = absmax
+        self.vmin = vmin
+        self.vmax = vmax
+        self.min_nonzero = min_nonzero  # a lower bound, within a factor of two
+        self.sampled = sampled
+        self.row = row  # its ROW values as counted
+        self.scale = scale  # values per value counted
+        self.fix = fix  # the exact extremes correct the counts (NaN, inf or an overflow)
+        self.at = at  # where the row starts in ``src``, the host copy of the transfer it came in
+        self.src = src
+        self._counts: list[float] | None = None
+
+    @property
+    def counts(self) -> list[float]:
+        """Class counts, format-major (see NCOUNTS), for all ``numel`` values."""
+        c = self._counts
+        if c is None:
+            c = self._counts = _counts(self)
+        return c
+
+    def extra(self) -> list[float] | None:
+        """What the exact extremes add to the scaled counts of the row (None: nothing)."""
+        if not self.fix:
+            return None
+        scale = self.scale
+        return [c - r * scale for c, r in zip(self.counts, self.row[2:2 + NCOUNTS])]
+
+    @property
+    def overflow16(self) -> bool:
+        """Some value is finite but past float16's range."""
+        return self.fix and self.counts[_F16_OVERFLOW] > 0
 
     @property
     def classes(self) -> dict[str, dict[str, float]]:
@@ -328,6 +365,51 @@ class TensorSummary:
     def finite(self) -> bool:
         # the extremes are exact: NaN and inf anywhere show up in them
         return math.isfinite(self.vmin) and math.isfinite(self.vmax)
+
+
+class CountSums:
+    """Class counts summed per aggregate (a module's forward or backward, a parameter), on the
+    host as one float64 tensor. A step's summaries are added together, with a handful of ops
+    over the step's transfer, instead of a Python loop over each tensor's counts."""
+
+    def __init__(self) -> None:
+        self.sums = torch.zeros(64, NCOUNTS, dtype=torch.float64)
+        self.n = 0
+        self._src: torch.Tensor | None = None  # the transfer the recorded rows are in
+        self._slots: list[int] = []
+        self._ats: list[int] = []
+        self._scales: list[float] = []
+
+    def slot(self) -> int:
+        """A new aggregate's row."""
+        if self.n == len(self.sums):
+            self.sums = torch.cat([self.sums, torch.zeros_like(self.sums)])
+        self.n += 1
+        return self.n - 1
+
+    def add(self, slot: int, s: TensorSummary) -> None:
+        if s.src is not self._src:
+            self.fold()
+            self._src = s.src
+        self._slots.append(slot)
+        self._ats.append(s.at)
+        self._scales.append(s.scale)
+
+    def fold(self) -> None:
+        """Add what ``add`` recorded, reading the rows from their transfer."""
+        if not self._slots:
+            return
+        at = torch.tensor(self._ats, dtype=torch.int64).unsqueeze(1) + _COUNT_COLUMNS
+        rows = self._src.take(at).to(torch.float64).mul_(torch.tensor(self._scales, dtype=torch.float64).unsqueeze(1))
+        self.sums.index_add_(0, torch.tensor(self._slots, dtype=torch.int64), rows)
+        self._src, self._slots, self._ats, self._scales = None, [], [], []
+
+    def take(self) -> list[list[float]]:
+        """Every aggregate's sums since the last ``take``."""
+        self.fold()
+        out = self.sums[:self.n].tolist()
+        self.sums.zero_()
+        return out
 
 
 @dataclass(frozen=True)
@@ -360,16 +442,27 @@ def _make_luts(device: torch.device) -> _Luts:
 ROW = 2 + len(FORMATS) * len(CLASSES) + 1  # values per tensor in Batch.rows()
 
 
-def summarise(dtype: str, row: list[float], numel: int, sampled_n: int) -> TensorSummary:
-    """Host-side summary of one tensor from its ROW values."""
+def summarise(dtype: str, row: list[float], numel: int, sampled_n: int, at: int = -1,
+              src: torch.Tensor | None = None) -> TensorSummary:
+    """Host-side summary of one tensor from its ROW values (at ``at`` in ``src``, the host copy
+    of the step's transfer, when given)."""
     vmin, vmax = row[0], row[1]
-    scale = numel / sampled_n if sampled_n else 1.0
-    counts = row[2:2 + NCOUNTS]
+    has_nan = vmin != vmin or vmax != vmax
+    absmax = math.nan if has_nan else (vmax if vmax > -vmin else -vmin)
+    return TensorSummary(dtype, numel, absmax, vmin, vmax, row[-1], row, numel / sampled_n if sampled_n else 1.0,
+                         sampled_n < numel, has_nan or absmax >= _LOWEST_OVERFLOW, at, src)
+
+
+def _counts(s: TensorSummary) -> list[float]:
+    """The class counts of a summary: its row's, scaled to all its values, and corrected by the
+    exact extremes (at least one NaN, inf or overflow when they show one)."""
+    scale = s.scale
+    counts = s.row[2:2 + NCOUNTS]
     if scale != 1.0:
         counts = [v * scale for v in counts]
-    has_nan = vmin != vmin or vmax != vmax
-    absmax = math.nan if has_nan else max(-vmin, vmax)
-    if has_nan or absmax >= _LOWEST_OVERFLOW:  # the exact extremes guarantee at least one when present
+    if s.fix:  # the exact extremes guarantee at least one when present
+        vmin, vmax = s.vmin, s.vmax
+        has_nan = vmin != vmin or vmax != vmax
         finite_max = max((abs(v) for v in (vmin, vmax) if not math.isnan(v) and not math.isinf(v)), default=0.0)
         for j, fmt in enumerate(FORMATS.values()):
             base = j * NCLASSES
@@ -382,8 +475,10 @@ def summarise(dtype: str, row: list[float], numel: int, sampled_n: int) -> Tenso
                 counts[base + _PINF] = 1.0
             if vmin == -math.inf and counts[base + _NINF] < 1:
                 counts[base + _NINF] = 1.0
-    return TensorSummary(dtype, numel, absmax, vmin, vmax, row[-1], counts, sampled_n < numel)
+    return counts
 
 
 _NAN, _PINF, _NINF, _OVERFLOW, _NORMAL = (CLASSES.index(c) for c in ("nan", "pinf", "ninf", "overflow", "normal"))
 _LOWEST_OVERFLOW = min(f.overflow for f in FORMATS.values())
+_F16_OVERFLOW = index_of("float16", "overflow")
+_COUNT_COLUMNS = torch.arange(2, 2 + NCOUNTS, dtype=torch.int64)  # where the counts are in a row

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +24,7 @@ from ampdoctor.trace import stats as st
 from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
 from ampdoctor.trace.naming import Namer, find_instances
 from ampdoctor.trace.patches import Patches
-from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord
+from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord, add_counts
 from ampdoctor.trace.tensors import in_functorch_transform, skip_reason, tensors_in
 
 __all__ = ["StopTracing", "Tracer", "tensors_in"]
@@ -37,7 +36,7 @@ except AttributeError:  # pragma: no cover - older torch
         return False
 
 _current_node = torch._C._current_autograd_node
-_F16_OVERFLOW = st.index_of("float16", "overflow")
+_set_grad = torch._C._set_grad_enabled
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -53,18 +52,6 @@ def _dtype_name(dt: torch.dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dt] = str(dt).replace("torch.", "")
     return name
-
-
-@dataclass(slots=True)
-class _Pending:
-    """One measured tensor waiting for the step's transfer."""
-
-    gid: int
-    dtype: str
-    numel: int
-    sampled: int
-    device: torch.device
-    slot: int  # its place in the device's batch
 
 
 class _Call:
@@ -131,6 +118,7 @@ class Tracer:
         self.step_records: list[StepRecord] = []
         self.modules: dict[tuple[int, str], ModuleAgg] = {}
         self.params: dict[int, ParamAgg] = {}
+        self._sums = st.CountSums()  # the class counts of both, added a step at a time (see settle)
         self.origins: list[Origin] = []
         self.loss = LossAgg()
         self.op_origin: dict | None = None
@@ -394,33 +382,44 @@ class Tracer:
         if type(t) not in _PLAIN:  # a subclass without its own dispatch: measure its plain values
             with torch._C.DisableTorchFunctionSubclass():
                 t = t.as_subclass(torch.Tensor)
-        if t.requires_grad:
-            t = t.detach()
         dev = t.device
         batch = self._batches.get(dev)
         if batch is None:
             batch = self._batches[dev] = st.Batch(dev)
         slot = len(batch.dtypes)
-        n, sampled = batch.add(t)
+        if torch.is_grad_enabled():  # the measuring ops must not join the autograd graph
+            _set_grad(False)
+            try:
+                n, sampled = batch.add(t)
+            finally:
+                _set_grad(True)
+        else:
+            n, sampled = batch.add(t)
         self._gid += 1
-        self._pending.append(_Pending(self._gid, _dtype_name(t.dtype), n, sampled, dev, slot))
+        self._pending.append((self._gid, _dtype_name(t.dtype), n, sampled, dev, slot))
         return self._gid
 
     def _hook(self, t: torch.Tensor, gid: int, owner: _Call | None) -> None:
         owners = self._hooked.get(gid)
         if owners is None:
             owners = self._hooked[gid] = []
-            t.register_hook(self._grad_hook(gid))
+            node, nr = t.grad_fn, t.output_nr
+            try:  # a pre-hook of the node that made t, for t's gradient: what t.register_hook does, for less
+                node.register_prehook(self._grad_hook(gid, nr))
+            except (AttributeError, RuntimeError):  # a node kind without pre-hooks
+                t.register_hook(self._grad_hook(gid))
         if owner is not None:
             owners.append(owner)
 
-    def _grad_hook(self, gid: int):
+    def _grad_hook(self, gid: int, nr: int | None = None):
         def hook(grad):
+            if nr is not None:  # a node pre-hook: the gradients of all the node's outputs
+                grad = grad[nr] if nr < len(grad) else None
             if self._active and grad is not None:  # None: an output the loss did not use
                 try:
-                    if skip_reason(grad) is None:
+                    g = self._measure(grad)  # once: autograd hands the same tensor to both sides of a sum
+                    if g is not None:
                         self._dirty = True
-                        g = self._stage(grad)
                         self._bwd.append((g, gid))
                         if self._replayer is not None:
                             self._replayer.grad(gid, grad)
@@ -621,7 +620,7 @@ class Tracer:
 
     # -- the one transfer per step -------------------------------------------------------------
     def _reset_step(self) -> None:
-        self._pending: list[_Pending] = []
+        self._pending: list[tuple] = []  # measured tensors: (id, dtype name, numel, values counted, device, slot)
         self._batches: dict[torch.device, st.Batch] = {}
         self._calls: list[_Call] = []
         self._grad_calls: list[_Call] = []
@@ -672,13 +671,18 @@ class Tracer:
             flat = [x.to(dev, non_blocking=True).double() for x in flat]
         elif any(x.dtype != flat[0].dtype for x in flat):
             flat = [x.double() for x in flat]
-        values = torch.cat(flat).tolist()  # the single device-to-host transfer
+        host = torch.cat(flat)
+        if host.device.type != "cpu":
+            host = host.to("cpu")  # the single device-to-host transfer
+        values = host.tolist()
         self.transfers += 1
         out: dict[int, st.TensorSummary] = {}
-        for p in pending:
-            at = start[p.device] + p.slot * st.ROW
-            out[p.gid] = st.summarise(p.dtype, values[at: at + st.ROW], p.numel, p.sampled)
-            self.dtypes_seen.add(p.dtype)
+        row, summarise, dtypes = st.ROW, st.summarise, set()
+        for gid, dtype, numel, sampled, dev, slot in pending:
+            at = start[dev] + slot * row
+            out[gid] = summarise(dtype, values[at: at + row], numel, sampled, at, host)
+            dtypes.add(dtype)
+        self.dtypes_seen |= dtypes
         for at, (x, what) in zip(extra_at, parts):
             vals = values[at: at + (x.numel() if x is not None else len(what[1]) * st.ROW)]
             if what[0] == "scaler":
@@ -688,7 +692,8 @@ class Tracer:
             else:
                 _, keys, dtypes, numels, lengths, scaled = what
                 for i, key in enumerate(keys):
-                    s = st.summarise(dtypes[i], vals[i * st.ROW:(i + 1) * st.ROW], numels[i], lengths[i])
+                    s = st.summarise(dtypes[i], vals[i * st.ROW:(i + 1) * st.ROW], numels[i], lengths[i],
+                                     at + i * st.ROW, host)
                     self._step_params.append((key, s, scaled))
         return out
 
@@ -708,10 +713,12 @@ class Tracer:
         self._fold_backward(step, summ)
         self._gid0 = self._gid  # tensors measured before this transfer are measured again
         if not end_step:
+            self._sums.fold()
             keep = {g for c in self._stack if c is not None for g in c.ins}
             self._fin = {g: self._fin[g] for g in keep if g in self._fin}
             return
         self._end_of_step(step, summ)
+        self._sums.fold()
         # calls whose gradients have not arrived yet (a GAN's generator, backward after the next
         # step) are kept for the next CARRY steps
         self._flushes += 1
@@ -737,7 +744,8 @@ class Tracer:
         key = self.namer.canonical(key)
         agg = self.modules.get((key, phase))
         if agg is None:
-            agg = self.modules[(key, phase)] = ModuleAgg(key, self.namer.mods[key].cls, phase)
+            agg = self.modules[(key, phase)] = ModuleAgg(key, self.namer.mods[key].cls, phase,
+                                                         slot=self._sums.slot())
         return agg
 
     def _fold_forward(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
@@ -753,7 +761,7 @@ class Tracer:
             agg.calls += 1
             outs = [summ[g] for g in c.outs if g in summ]
             for s in outs:
-                agg.add(s, step)
+                agg.add(s, step, self._sums)
             in_ok = all(fin.get(g, True) for g in c.ins)
             bad = [s for s in outs if not s.finite]
             if bad:
@@ -766,8 +774,8 @@ class Tracer:
                         self._forward_origin(step, c, agg, bad, summ)
             if c.child_origin and c.parent is not None:
                 c.parent.child_origin = True
-            if any(s.counts[_F16_OVERFLOW] > 0 for s in outs) and \
-                    not any(summ[g].counts[_F16_OVERFLOW] > 0 for g in c.ins if g in summ):  # past fp16's range
+            if any(s.overflow16 for s in outs) and \
+                    not any(summ[g].overflow16 for g in c.ins if g in summ):  # past fp16's range
                 agg.mark(agg.exceed_steps, step)
 
     def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list, summ: dict) -> None:
@@ -858,7 +866,7 @@ class Tracer:
                 if key not in self._bwd_counted:
                     agg.calls += 1
                     self._bwd_counted.add(key)
-                agg.add(s, step)
+                agg.add(s, step, self._sums)
                 if not ok:
                     agg.mark(agg.nonfinite_steps, step)
 
@@ -897,7 +905,7 @@ class Tracer:
         for key, s, scaled in self._step_params:
             pa = self.params.get(key)
             if pa is None:
-                pa = self.params[key] = ParamAgg(key)
+                pa = self.params[key] = ParamAgg(key, slot=self._sums.slot())
             pa.dtypes.add(s.dtype)
             pa.steps += 1
             pa.scaled = pa.scaled or scaled
@@ -906,7 +914,7 @@ class Tracer:
                 pa.absmax = math.nan
             else:
                 pa.absmax = max(pa.absmax, s.absmax)
-            pa.counts = [x + y for x, y in zip(pa.counts, s.counts)]
+            add_counts(pa, s, self._sums)
             if not s.finite:
                 ModuleAgg.mark(pa.nonfinite_steps, step)
                 bad_params.append(key)
@@ -972,6 +980,13 @@ class Tracer:
         return o
 
     # -- results --------------------------------------------------------------------------------
+    def settle(self) -> None:
+        """Move the summed class counts into the aggregates' own lists (before reading them)."""
+        sums = self._sums.take()
+        for agg in (*self.modules.values(), *self.params.values()):
+            if agg.slot >= 0:
+                agg.counts = [x + y for x, y in zip(agg.counts, sums[agg.slot])]
+
     def report(self) -> dict:
         from ampdoctor.trace.findings import build_report
         return build_report(self)
