@@ -131,6 +131,7 @@ class Batch:
         self.used = 0  # rows of the block written
         self.pads: list[int] = []  # zeros after the values, per written row
         self.counted: list[torch.Tensor] = []  # [rows, formats x classes + 1] of earlier blocks
+        self.index = _INDEXES.setdefault(self.device, {})  # numel -> the flat indices of its sample
 
     def __len__(self) -> int:
         return len(self.dtypes)
@@ -154,11 +155,16 @@ class Batch:
         else:  # a copy: a later in-place change cannot alter it
             s = -(-n // width)
             m = -(-n // s)
+            index = self.index.get(n)
+            if index is None:
+                if len(self.index) > 256:
+                    self.index.clear()
+                index = self.index[n] = _sample_index(n, width, self.device)
             if dt is torch.float32:  # one op
-                torch.take(x, _sample_index(n, width, x.device), out=row if m == width else row[:m])
+                torch.take(x, index, out=row if m == width else row[:m])
             else:
                 (row if m == width else row[:m]).copy_(x.as_strided((m,), (s,)) if x.is_contiguous() else
-                                                      torch.take(x, _sample_index(n, width, x.device)))
+                                                      torch.take(x, index))
         self.pads.append(width - m)
         self.used += 1
         if self.used == self.cap:
@@ -239,9 +245,9 @@ def _classes(rows: torch.Tensor, pads: list[int]) -> torch.Tensor:
     counts = _count(pair.view(-1), k * _NPAIRS).view(k, _NPAIRS)
     if any(pads):  # the padding is +0: zero in both formats
         counts[:, _ZERO_PAIR] -= _to_device(torch.tensor(pads, dtype=counts.dtype), device)
-    counts = counts.view(k, len(CLASSES), len(CLASSES)).to(torch.float32)
+    counts = counts.view(k, len(CLASSES), len(CLASSES))
     lowest = luts.magnitude.index_select(0, luts.rank.index_select(0, keys).view(k, width).amin(dim=1))
-    return torch.cat([counts.sum(dim=2), counts.sum(dim=1), lowest.unsqueeze(1)], dim=1)
+    return torch.cat([counts.sum(dim=2), counts.sum(dim=1), lowest.unsqueeze(1)], dim=1)  # float32
 
 
 _NPAIRS = len(CLASSES) ** 2
@@ -261,16 +267,16 @@ def _row_offsets(device: torch.device, k: int) -> torch.Tensor:
 
 def bucket_keys(flat: torch.Tensor) -> torch.Tensor:
     """Each value's bucket, 0..NBUCKETS-1: the top bits of its float32 pattern (int32)."""
-    bits = flat.to(torch.float32).view(torch.int32)
+    bits = (flat if flat.dtype is torch.float32 else flat.to(torch.float32)).view(torch.int32)
     return torch.bitwise_right_shift(bits, KEY_SHIFT).add_(_KEY_OFFSET)
 
 
-_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+_INDEXES: dict[torch.device, dict[int, torch.Tensor]] = {}  # device -> numel -> its sample's indices
 
 
 def _sample_index(n: int, limit: int, device: torch.device) -> torch.Tensor:
-    """Evenly strided flat indices of at most ``limit`` elements (cached per size and device)."""
-    return _memo(_INDEX, (n, device), lambda: torch.arange(0, n, -(-n // limit), device=device), limit=256)
+    """Evenly strided flat indices of at most ``limit`` elements."""
+    return torch.arange(0, n, -(-n // limit), device=device)
 
 
 def _count(idx: torch.Tensor, size: int, how: str | None = None) -> torch.Tensor:
@@ -376,6 +382,7 @@ class CountSums:
         self.sums = torch.zeros(64, NCOUNTS, dtype=torch.float64)
         self.n = 0
         self._src: torch.Tensor | None = None  # the transfer the recorded rows are in
+        self._layouts: dict[tuple, tuple] = {}
         self._slots: list[int] = []
         self._ats: list[int] = []
         self._scales: list[float] = []
@@ -399,10 +406,15 @@ class CountSums:
         """Add what ``add`` recorded, reading the rows from their transfer."""
         if not self._slots:
             return
-        at = torch.tensor(self._ats, dtype=torch.int64).unsqueeze(1) + _COUNT_COLUMNS
-        rows = self._src.take(at).to(torch.float64).mul_(torch.tensor(self._scales, dtype=torch.float64).unsqueeze(1))
-        self.sums.index_add_(0, torch.tensor(self._slots, dtype=torch.int64), rows)
+        at, scales, slots = _memo(self._layouts, (tuple(self._ats), tuple(self._slots), tuple(self._scales)),
+                                  self._layout, limit=16)  # a training step repeats the last one's
+        self.sums.index_add_(0, slots, self._src.take(at).to(torch.float64).mul_(scales))
         self._src, self._slots, self._ats, self._scales = None, [], [], []
+
+    def _layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (torch.tensor(self._ats, dtype=torch.int64).unsqueeze(1) + _COUNT_COLUMNS,
+                torch.tensor(self._scales, dtype=torch.float64).unsqueeze(1),
+                torch.tensor(self._slots, dtype=torch.int64))
 
     def take(self) -> list[list[float]]:
         """Every aggregate's sums since the last ``take``."""

@@ -40,7 +40,7 @@ def skip_reason(t: torch.Tensor) -> str | None:
     Integer, bool, complex and empty tensors are not numerics of interest and give ""."""
     cls = type(t)
     if cls is torch.Tensor or cls in _PLAIN:  # the hot path: one check per attribute
-        if not t.dtype.is_floating_point or not t.numel():
+        if t.dtype not in _FLOATING or not t.numel():
             return ""
         if t.layout is _STRIDED and not t.is_nested and not t.is_meta:
             return None
@@ -55,6 +55,7 @@ def skip_reason(t: torch.Tensor) -> str | None:
 
 
 _STRIDED = torch.strided
+_FLOATING = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype) and d.is_floating_point)
 
 
 def _odd(t: torch.Tensor) -> str | None:
