@@ -302,10 +302,11 @@ def test_every_value_lands_in_the_class_its_format_gives_it(value, dtype):
         assert got == {st.classify(float(t[0]), fmt)}, (name, value, s.classes[name])
 
 
-def _rows(tensors, hold=None):
+def _rows(tensors, hold=None, reuse=True):
     from ampdoctor.trace import stats as st
 
     batch = st.Batch(torch.device("cpu"))
+    batch.reuse = reuse  # False: a fresh block per step, as on accelerators
     if hold is not None:
         batch.HOLD = hold
     sizes = [batch.add(t) for t in tensors]
@@ -318,8 +319,8 @@ def test_a_batch_keeps_each_tensor_apart_whatever_the_dtypes_and_grouping():
                torch.tensor([1e-6, 5.0], dtype=torch.bfloat16), torch.tensor([-1e300, 1.0], dtype=torch.float64),
                torch.zeros(10), torch.tensor([float("nan"), 1.0], dtype=torch.float16),
                torch.linspace(-3, 3, 50_000)]
-    for hold in (None, 1):  # all rows counted at once, or each as soon as it is added
-        s = _rows(tensors, hold)
+    for hold, reuse in ((None, True), (1, True), (None, False), (1, False)):  # counted at once or one by one
+        s = _rows(tensors, hold, reuse)
         assert [(x.vmin, x.vmax) for x in s[:5]] == [(-2.0, -2.0), (0.0, 70000.0), (pytest.approx(1e-6, rel=1e-2), 5.0),
                                                     (-1e300, 1.0), (0.0, 0.0)]
         assert s[0].classes["float16"]["normal"] == 3 and s[0].classes["float16"]["zero"] == 0

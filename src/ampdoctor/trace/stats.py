@@ -123,6 +123,7 @@ class Batch:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.width = _limit(device)
+        self.reuse = device.type == "cpu"  # one block per device, used again each step (see _SPARE)
         self.extremes: dict[torch.dtype, list[torch.Tensor]] = {}  # per dtype: min, max, min, max, ...
         self.dtypes: list[torch.dtype] = []  # of each tensor, in order
         self.block: torch.Tensor | None = None  # [cap, width] float32
@@ -172,14 +173,14 @@ class Batch:
         return n, m
 
     def _new_block(self) -> None:
-        cpu = self.device.type == "cpu"
-        cap = max(1, min(self.HOLD, _BLOCK[cpu]) // self.width)
-        spare = _SPARE.pop(self.device, None) if cpu else None
+        reuse = self.reuse
+        cap = max(1, min(self.HOLD, _BLOCK[reuse]) // self.width)
+        spare = _SPARE.pop(self.device, None) if reuse else None
         if spare is not None and len(spare[0]) == cap:
             self.block, self.views = spare
         else:
             self.block = torch.zeros(cap, self.width, dtype=torch.float32, device=self.device)
-            self.views = list(self.block.unbind(0)) if cpu else None  # made once: the block serves again
+            self.views = list(self.block.unbind(0)) if reuse else None  # made once: the block serves again
         self.cap = cap
 
     def _count_held(self) -> None:
@@ -187,7 +188,7 @@ class Batch:
             return
         block = self.block if self.used == self.cap else self.block[:self.used]
         self.counted.append(_classes(block, self.pads))
-        if self.device.type == "cpu":  # counted already (CPU ops are synchronous): zeroed, it serves again
+        if self.reuse:  # counted already (CPU ops are synchronous): zeroed, it serves again
             block.zero_()  # the rows written; the others were never touched
             _SPARE[self.device] = (self.block, self.views)
         self.block, self.views, self.used, self.pads = None, None, 0, []
@@ -220,7 +221,7 @@ class Batch:
         return idx
 
 
-_BLOCK = {True: 1 << 16, False: 1 << 22}  # values per block, on the CPU (True) and elsewhere
+_BLOCK = {True: 1 << 16, False: 1 << 22}  # values per block: reused on the CPU (True), fresh elsewhere
 _SPARE: dict[torch.device, tuple] = {}  # a counted CPU block (zeroed) and its rows, for the next
 #                                       step: a fresh one costs the host page faults every step
 _ORDERS: dict[tuple, torch.Tensor] = {}
