@@ -335,6 +335,25 @@ def test_a_batch_keeps_each_tensor_apart_whatever_the_dtypes_and_grouping():
         assert (big.vmin, big.vmax) == (-3.0, 3.0)
 
 
+def test_the_sample_sees_every_channel_of_a_power_of_two_layout():
+    # [tokens, 128]: one channel of ones, the others below float16's smallest subnormal. A stride
+    # that divides 128 would see the ones' channel only.
+    for n_tokens in (512, 64, 3):
+        x = torch.full((n_tokens, 128), 1e-9)
+        x[:, 0] = 1.0
+        for grads in (False, True):
+            if grads:
+                from ampdoctor.trace import params as pm
+                from ampdoctor.trace import stats as st
+
+                flat, lengths = pm.measure([x])
+                s = st.summarise("float32", flat.tolist(), x.numel(), lengths[0])
+            else:
+                s = _rows([x])[0]
+            flush = s.classes["float16"]["flush"] / x.numel()
+            assert flush == pytest.approx(127 / 128, abs=0.03), (n_tokens, grads, flush)
+
+
 def test_a_block_used_again_holds_none_of_the_last_steps_values():
     from ampdoctor.trace import stats as st
 

@@ -23,7 +23,7 @@ def _flat_sample(g: torch.Tensor) -> torch.Tensor:
     flat = g.view(-1) if g.is_contiguous() else g.reshape(-1)
     n = flat.numel()
     if n > SAMPLE:
-        flat = flat[:: -(-n // SAMPLE)]
+        flat = flat[::st.sample_stride(n, SAMPLE)]
     return flat
 
 
