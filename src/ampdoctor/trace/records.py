@@ -47,12 +47,20 @@ class ModuleAgg:
         return st.counts_to_classes(self.counts)
 
     def add(self, s: st.TensorSummary, step: int | None = None, sums: st.CountSums | None = None) -> None:
-        if step is not None:
-            self.add_point(step, s.absmax if s.finite else math.inf)
-        self.dtypes.add(s.dtype)
-        if s.dtype not in LOW_PRECISION:
-            self.tensors_fp32 = True
         a = s.absmax
+        if step is not None:
+            b = step - step % self.bucket  # add_point, inlined: this runs for every tensor of every step
+            value = a if s.finite else math.inf
+            old = self.series.get(b)
+            if old is None or value > old:
+                self.series[b] = value
+                if len(self.series) > SERIES_POINTS:
+                    self._rebucket(self.bucket * 2)
+        dtype = s.dtype
+        if dtype not in self.dtypes:
+            self.dtypes.add(dtype)
+            if dtype not in LOW_PRECISION:
+                self.tensors_fp32 = True
         if a != a:
             self.absmax = math.nan
         elif a > self.absmax:
@@ -100,9 +108,8 @@ def add_counts(agg, s: st.TensorSummary, sums: st.CountSums | None) -> None:
     the exact extremes correct is added here), else to its own list."""
     if sums is not None and agg.slot >= 0 and s.src is not None:
         sums.add(agg.slot, s)
-        extra = s.extra()
-        if extra is not None:
-            agg.counts = [x + y for x, y in zip(agg.counts, extra)]
+        if s.fix:
+            agg.counts = [x + y for x, y in zip(agg.counts, s.extra())]
     else:
         agg.counts = [x + y for x, y in zip(agg.counts, s.counts)]
 

@@ -211,11 +211,13 @@ class Batch:
     def rows(self) -> torch.Tensor:
         """ROW values per tensor, in the order they were added, as one flat vector on the device."""
         self._count_held()
-        dtype = torch.float32 if self.device.type == "mps" else torch.float64
-        groups = [torch.stack(v).to(dtype) for v in self.extremes.values()]
+        # float32 holds float16, bfloat16 and float32 extremes and the counts exactly
+        dtype = torch.float64 if torch.float64 in self.extremes and self.device.type != "mps" else torch.float32
+        groups = [torch.stack(v) for v in self.extremes.values()]
+        groups = [g if g.dtype is dtype else g.to(dtype) for g in groups]
         mm = groups[0] if len(groups) == 1 else torch.cat(groups).index_select(0, self._order())
         counted = self.counted[0] if len(self.counted) == 1 else torch.cat(self.counted)
-        return torch.cat([mm.view(-1, 2), counted.to(dtype)], dim=1).reshape(-1)
+        return torch.cat([mm.view(-1, 2), counted if counted.dtype is dtype else counted.to(dtype)], dim=1).view(-1)
 
     def _order(self) -> torch.Tensor:
         """Where each (min, max) pair of the per-dtype stacks lands in the order of the tensors."""
@@ -331,7 +333,7 @@ class TensorSummary:
     summaries are only added to a module's sums (``CountSums``), which reads the raw row."""
 
     __slots__ = ("dtype", "numel", "absmax", "vmin", "vmax", "min_nonzero", "sampled", "row", "scale", "fix",
-                 "at", "src", "_counts")
+                 "finite", "at", "src", "_counts")
 
     def __init__(self, dtype: str, numel: int, absmax: float, vmin: float, vmax: float, min_nonzero: float,
                  row: list[float], scale: float, sampled: bool, fix: bool, at: int = -1,
@@ -346,6 +348,8 @@ class TensorSummary:
         self.row = row  # its ROW values as counted
         self.scale = scale  # values per value counted
         self.fix = fix  # the exact extremes correct the counts (NaN, inf or an overflow)
+        # the extremes are exact: NaN and inf anywhere show up in them
+        self.finite = not fix or (math.isfinite(vmin) and math.isfinite(vmax))
         self.at = at  # where the row starts in ``src``, the host copy of the transfer it came in
         self.src = src
         self._counts: list[float] | None = None
@@ -379,10 +383,6 @@ class TensorSummary:
         c = self.counts
         return {"nan": c[0], "pinf": c[1], "ninf": c[2]}
 
-    @property
-    def finite(self) -> bool:
-        # the extremes are exact: NaN and inf anywhere show up in them
-        return math.isfinite(self.vmin) and math.isfinite(self.vmax)
 
 
 class CountSums:

@@ -750,7 +750,7 @@ class Tracer:
 
     def _fold_forward(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
         calls, self._calls = self._calls, []
-        fin = self._fin
+        fin, sums = self._fin, self._sums
         now = step
         for c in calls:  # data that was NaN/Inf before any module touched it
             if c.parent is None and not self._step_bad["forward"]:
@@ -760,23 +760,25 @@ class Tracer:
             agg = self._agg(c.key, "forward")
             agg.calls += 1
             outs = [summ[g] for g in c.outs if g in summ]
+            fixed = False  # an output with NaN, inf or values past float16's range
             for s in outs:
-                agg.add(s, step, self._sums)
-            in_ok = all(fin.get(g, True) for g in c.ins)
-            bad = [s for s in outs if not s.finite]
-            if bad:
-                self._step_bad["forward"] = True
-                agg.mark(agg.nonfinite_steps, step)
-                if in_ok:
-                    if c.parent is not None:
-                        c.parent.child_origin = True
-                    if not c.child_origin:
-                        self._forward_origin(step, c, agg, bad, summ)
+                agg.add(s, step, sums)
+                fixed = fixed or s.fix
+            if fixed:
+                bad = [s for s in outs if not s.finite]
+                if bad:
+                    self._step_bad["forward"] = True
+                    agg.mark(agg.nonfinite_steps, step)
+                    if all(fin.get(g, True) for g in c.ins):
+                        if c.parent is not None:
+                            c.parent.child_origin = True
+                        if not c.child_origin:
+                            self._forward_origin(step, c, agg, bad, summ)
+                if any(s.overflow16 for s in outs) and \
+                        not any(summ[g].overflow16 for g in c.ins if g in summ):  # past fp16's range
+                    agg.mark(agg.exceed_steps, step)
             if c.child_origin and c.parent is not None:
                 c.parent.child_origin = True
-            if any(s.overflow16 for s in outs) and \
-                    not any(summ[g].overflow16 for g in c.ins if g in summ):  # past fp16's range
-                agg.mark(agg.exceed_steps, step)
 
     def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list, summ: dict) -> None:
         agg.mark(agg.origin_steps, step)
