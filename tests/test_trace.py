@@ -354,6 +354,21 @@ def test_the_sample_sees_every_channel_of_a_power_of_two_layout():
             assert flush == pytest.approx(127 / 128, abs=0.03), (n_tokens, grads, flush)
 
 
+def test_batches_of_other_widths_do_not_share_sample_indices(monkeypatch):
+    import warnings
+
+    from ampdoctor.trace import stats as st
+
+    x = torch.linspace(1.0, 2.0, 10_000)
+    for width in (256, 512, 256):
+        monkeypatch.setattr(st, "SAMPLE_CPU", width)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an index of the wrong length would resize the block's row
+            s = _rows([x, torch.zeros(7)])
+        assert s[0].classes["float16"]["normal"] == pytest.approx(10_000)
+        assert s[1].classes["float16"]["zero"] == 7 and s[0].sampled
+
+
 def test_a_block_used_again_holds_none_of_the_last_steps_values():
     from ampdoctor.trace import stats as st
 

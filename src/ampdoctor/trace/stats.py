@@ -142,8 +142,9 @@ class Batch:
         self.used = 0  # rows of the block written
         self.pads: list[int] = []  # zeros after the values, per written row
         self.counted: list[torch.Tensor] = []  # [rows, formats x classes + 1] of earlier blocks
-        self.index = _INDEXES.setdefault(self.device, {})  # numel -> the flat indices of its sample
-        self.strides = _STRIDES.setdefault(self.width, {})  # numel -> the stride of its sample
+        # numel -> the stride of its sample, and its flat indices
+        self.strides = _STRIDES.setdefault(self.width, {})
+        self.index = _INDEXES.setdefault((self.device, self.width), {})
 
     def __len__(self) -> int:
         return len(self.dtypes)
@@ -289,7 +290,7 @@ def bucket_keys(flat: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_right_shift(bits, KEY_SHIFT).add_(_KEY_OFFSET)
 
 
-_INDEXES: dict[torch.device, dict[int, torch.Tensor]] = {}  # device -> numel -> its sample's indices
+_INDEXES: dict[tuple, dict[int, torch.Tensor]] = {}  # (device, width) -> numel -> its sample's indices
 _STRIDES: dict[int, dict[int, int]] = {}  # width -> numel -> its sample's stride
 
 
