@@ -104,6 +104,18 @@ def sample_stride(n: int, limit: int) -> int:
     return s
 
 
+def spread_index(n: int, width: int, device: torch.device) -> torch.Tensor:
+    """``width`` distinct flat indices spread over n values: i x s mod n, for a stride s from
+    ``sample_stride`` with no factor in common with n (so no index comes twice). The first pass
+    is an evenly strided sample; the last few indices wrap around to fill the row."""
+    s = sample_stride(n, width)
+    while math.gcd(s, n) != 1:
+        s += 2
+        while s >= 7 and not _prime(s):
+            s += 2
+    return torch.arange(width, dtype=torch.int64).mul_(s).remainder_(n).to(device)
+
+
 def _prime(s: int) -> bool:
     return all(s % d for d in range(3, math.isqrt(s) + 1, 2))
 
@@ -134,6 +146,7 @@ class Batch:
         self.device = device
         self.width = _limit(device)
         self.reuse = device.type == "cpu"  # one block per device, used again each step (see _SPARE)
+        self.gather = device.type == "cpu"  # samples through an index (the CPU) or a strided view
         self.extremes: dict[torch.dtype, list[torch.Tensor]] = {}  # per dtype: min, max, min, max, ...
         self.dtypes: list[torch.dtype] = []  # of each tensor, in order
         self.block: torch.Tensor | None = None  # [cap, width] float32
@@ -165,23 +178,34 @@ class Batch:
         if n <= width:
             m = n
             (row if m == width else row[:m]).copy_(x.view(-1) if x.is_contiguous() else x.reshape(-1))
-        else:  # a copy: a later in-place change cannot alter it
+        elif self.gather:  # ``width`` values through a cached index: one op for float32
+            index = self.index.get(n)
+            if index is None:
+                if len(self.index) > 256:
+                    self.index.clear()
+                index = self.index[n] = spread_index(n, width, self.device)
+            m = width
+            if dt is torch.float32:
+                torch.take(x, index, out=row)  # a copy: a later in-place change cannot alter it
+            else:
+                row.copy_(torch.take(x, index))
+        else:  # a strided view: no index of ``width`` values to keep on the device
             s = self.strides.get(n)
             if s is None:
                 if len(self.strides) > 256:
                     self.strides.clear()
                 s = self.strides[n] = sample_stride(n, width)
             m = -(-n // s)
-            index = self.index.get(n)
-            if index is None:
-                if len(self.index) > 256:
-                    self.index.clear()
-                index = self.index[n] = torch.arange(0, n, s, device=self.device)
-            if dt is torch.float32:  # one op
-                torch.take(x, index, out=row if m == width else row[:m])
+            if x.is_contiguous():
+                src = x.as_strided((m,), (s,))
             else:
-                (row if m == width else row[:m]).copy_(x.as_strided((m,), (s,)) if x.is_contiguous() else
-                                                      torch.take(x, index))
+                index = self.index.get(n)
+                if index is None:
+                    if len(self.index) > 256:
+                        self.index.clear()
+                    index = self.index[n] = torch.arange(0, n, s, device=self.device)
+                src = torch.take(x, index)
+            (row if m == width else row[:m]).copy_(src)
         self.pads.append(width - m)
         self.used += 1
         if self.used == self.cap:
