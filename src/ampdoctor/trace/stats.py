@@ -1,8 +1,9 @@
 """Per-tensor statistics computed on the tensor's device, with no host synchronisation.
 
 Each tensor costs two small ops: ``aminmax`` over the whole tensor (exact extremes; NaN and ±inf
-show up there) and a float32 copy of its values, or of an evenly strided sample of ``SAMPLE``
-values (``SAMPLE_CPU`` on the CPU) for larger tensors, into its own row of a block. Once per
+show up there) and a float32 copy of its values, or of a sample of them for larger tensors (an
+evenly strided view of up to ``SAMPLE`` values on accelerators; ``SAMPLE_CPU`` values spread
+over the tensor through a cached index on the CPU), into its own row of a block. Once per
 step (or per full block) the rows are counted together by bucket, where a value's bucket is the
 top ten bits of its float32 pattern: the sign, the exponent and the first mantissa bit, so each
 bucket spans half a binade. Computing the key is a shift, not a search, so its cost does not
