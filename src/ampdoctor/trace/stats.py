@@ -152,6 +152,7 @@ class Batch:
         self.dtypes: list[torch.dtype] = []  # of each tensor, in order
         self.block: torch.Tensor | None = None  # [cap, width] float32
         self.views: list[torch.Tensor] | None = None  # its rows, on the CPU
+        self.heads: dict[tuple[int, int], torch.Tensor] = {}
         self.cap = 0
         self.used = 0  # rows of the block written
         self.pads: list[int] = []  # zeros after the values, per written row
@@ -178,7 +179,15 @@ class Batch:
         n, width = x.numel(), self.width
         if n <= width:
             m = n
-            (row if m == width else row[:m]).copy_(x.view(-1) if x.is_contiguous() else x.reshape(-1))
+            if m < width:
+                if views is not None:  # a reused block: its rows' heads are views made once
+                    head = self.heads.get((self.used, m))
+                    if head is None:
+                        head = self.heads[(self.used, m)] = row[:m]
+                    row = head
+                else:
+                    row = row[:m]
+            row.copy_(x if x.dim() == 1 else x.view(-1) if x.is_contiguous() else x.reshape(-1))
         elif self.gather:  # ``width`` values through a cached index: one op for float32
             index = self.index.get(n)
             if index is None:
@@ -218,10 +227,11 @@ class Batch:
         cap = max(1, min(self.HOLD, _BLOCK[reuse]) // self.width)
         spare = _SPARE.pop(self.device, None) if reuse else None
         if spare is not None and len(spare[0]) == cap:
-            self.block, self.views = spare
+            self.block, self.views, self.heads = spare
         else:
             self.block = torch.zeros(cap, self.width, dtype=torch.float32, device=self.device)
             self.views = list(self.block.unbind(0)) if reuse else None  # made once: the block serves again
+            self.heads = {}  # (row, length) -> the row's first values, for short samples
         self.cap = cap
 
     def _count_held(self) -> None:
@@ -231,7 +241,7 @@ class Batch:
         self.counted.append(_classes(block, self.pads))
         if self.reuse:  # counted already (CPU ops are synchronous): zeroed, it serves again
             block.zero_()  # the rows written; the others were never touched
-            _SPARE[self.device] = (self.block, self.views)
+            _SPARE[self.device] = (self.block, self.views, self.heads if len(self.heads) < 4096 else {})
         self.block, self.views, self.used, self.pads = None, None, 0, []
 
     def rows(self) -> torch.Tensor:
