@@ -427,7 +427,7 @@ class CountSums:
     over the step's transfer, instead of a Python loop over each tensor's counts."""
 
     def __init__(self) -> None:
-        self.sums = torch.zeros(64, NCOUNTS, dtype=torch.float64)
+        self.sums = torch.zeros(256, NCOUNTS, dtype=torch.float64)
         self.n = 0
         self._src: torch.Tensor | None = None  # the transfer the recorded rows are in
         self._layouts: dict[tuple, tuple] = {}
