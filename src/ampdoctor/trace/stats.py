@@ -135,9 +135,9 @@ def _memo(cache: dict, key, make, limit: int = 64):
 class Batch:
     """The tensors measured on one device during one step, reduced together.
 
-    Measuring a tensor takes two ops: ``aminmax``, and a copy of its values (or of an evenly
-    strided sample of them) into its own row of a float32 block of ``width`` columns, zeros
-    after the values (they are taken out of the counts again). Bucketing and counting run once
+    Measuring a tensor takes two ops: ``aminmax``, and a copy of its values (or of a sample of
+    them) into its own row of a float32 block of ``width`` columns, zeros after the values (they
+    are taken out of the counts again). Bucketing and counting run once
     per block, over all its rows at once; a block is counted as soon as it is full, so the
     copies held stay small (``HOLD`` values at most)."""
 
@@ -191,30 +191,19 @@ class Batch:
         elif self.gather:  # ``width`` values through a cached index: one op for float32
             index = self.index.get(n)
             if index is None:
-                if len(self.index) > 256:
-                    self.index.clear()
-                index = self.index[n] = spread_index(n, width, self.device)
+                index = _memo(self.index, n, lambda: spread_index(n, width, self.device), limit=256)
             m = width
             if dt is torch.float32:
                 torch.take(x, index, out=row)  # a copy: a later in-place change cannot alter it
             else:
                 row.copy_(torch.take(x, index))
         else:  # a strided view: no index of ``width`` values to keep on the device
-            s = self.strides.get(n)
-            if s is None:
-                if len(self.strides) > 256:
-                    self.strides.clear()
-                s = self.strides[n] = sample_stride(n, width)
+            s = _memo(self.strides, n, lambda: sample_stride(n, width), limit=256)
             m = -(-n // s)
             if x.is_contiguous():
                 src = x.as_strided((m,), (s,))
             else:
-                index = self.index.get(n)
-                if index is None:
-                    if len(self.index) > 256:
-                        self.index.clear()
-                    index = self.index[n] = torch.arange(0, n, s, device=self.device)
-                src = torch.take(x, index)
+                src = torch.take(x, _memo(self.index, n, lambda: torch.arange(0, n, s, device=self.device), limit=256))
             (row if m == width else row[:m]).copy_(src)
         self.pads.append(width - m)
         self.used += 1

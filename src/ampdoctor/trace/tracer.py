@@ -183,7 +183,8 @@ class Tracer:
         self._handles.clear()
         self._patches.remove()
         try:
-            if was_active and (self._pending or self._calls or self._parts or self._param_rows or self._bwd or self._dirty):
+            waiting = self._pending or self._calls or self._parts or self._param_rows or self._bwd
+            if was_active and (waiting or self._dirty):
                 self._flush(end_step=True, count=self._dirty, stop=False)
             if self.namer.pending:
                 self.namer.resolve()
