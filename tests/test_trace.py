@@ -444,6 +444,35 @@ def test_counts_summed_a_step_at_a_time_match_adding_each_tensor(script, monkeyp
     assert _rounded(fast["params"]) == _rounded(slow["params"])
 
 
+@pytest.mark.parametrize("script", ["fp16_linear_overflow.py", "scaler_skips.py", "attention_overflow.py"])
+def test_the_accelerator_layout_gives_the_cpu_layouts_findings(script, monkeypatch):
+    # No GPU here: run the accelerator code paths on the CPU (a fresh block each step, strided
+    # samples, rows wider than the parameter gradients' so those go through params.measure and
+    # their own transfer part) and check the report says what the CPU layout says.
+    from ampdoctor.trace import stats as st
+
+    _, cpu = trace_json(script)
+    real_init = st.Batch.__init__
+
+    def accelerator_like(self, device):
+        real_init(self, device)
+        self.reuse = self.gather = False
+
+    monkeypatch.setattr(st.Batch, "__init__", accelerator_like)
+    monkeypatch.setattr(st, "SAMPLE_CPU", 1024)
+    _, acc = trace_json(script)
+    assert acc["findings"] and kinds(acc) == kinds(cpu)
+    assert acc["first_nonfinite"] == cpu["first_nonfinite"]
+    assert [f["message"] for f in acc["findings"]] == [f["message"] for f in cpu["findings"]]
+    rows = {(m["module"], m["phase"]): m for m in cpu["modules"]}
+    for m in acc["modules"]:
+        c = rows[(m["module"], m["phase"])]
+        assert (m["absmax"], m["calls"], m["nonfinite"] != {"nan": 0, "pinf": 0, "ninf": 0}) == \
+            (c["absmax"], c["calls"], c["nonfinite"] != {"nan": 0, "pinf": 0, "ninf": 0})
+    assert [(p["param"], p["absmax"], p["nonfinite_steps"]) for p in acc["params"]] == \
+        [(p["param"], p["absmax"], p["nonfinite_steps"]) for p in cpu["params"]]
+
+
 def test_the_accelerator_counting_methods_agree_with_bincount():
     from ampdoctor.trace import stats as st
 
