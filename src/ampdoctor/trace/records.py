@@ -49,13 +49,7 @@ class ModuleAgg:
     def add(self, s: st.TensorSummary, step: int | None = None, sums: st.CountSums | None = None) -> None:
         a = s.absmax
         if step is not None:
-            b = step - step % self.bucket  # add_point, inlined: this runs for every tensor of every step
-            value = a if s.finite else math.inf
-            old = self.series.get(b)
-            if old is None or value > old:
-                self.series[b] = value
-                if len(self.series) > SERIES_POINTS:
-                    self._rebucket(self.bucket * 2)
+            self.add_point(step, a if s.finite else math.inf)
         dtype = s.dtype
         if dtype not in self.dtypes:
             self.dtypes.add(dtype)

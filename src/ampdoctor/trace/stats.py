@@ -157,9 +157,10 @@ class Batch:
         self.used = 0  # rows of the block written
         self.pads: list[int] = []  # zeros after the values, per written row
         self.counted: list[torch.Tensor] = []  # [rows, formats x classes + 1] of earlier blocks
-        # numel -> the stride of its sample, and its flat indices
+        # numel -> the stride of its sample, and its flat indices: spread (gather) or strided
         self.strides = _STRIDES.setdefault(self.width, {})
-        self.index = _INDEXES.setdefault((self.device, self.width), {})
+        self.index = _INDEXES.setdefault((self.device, self.width, "spread"), {})
+        self.strided = _INDEXES.setdefault((self.device, self.width, "strided"), {})
 
     def __len__(self) -> int:
         return len(self.dtypes)
@@ -189,9 +190,7 @@ class Batch:
                     row = row[:m]
             row.copy_(x if x.dim() == 1 else x.view(-1) if x.is_contiguous() else x.reshape(-1))
         elif self.gather:  # ``width`` values through a cached index: one op for float32
-            index = self.index.get(n)
-            if index is None:
-                index = _memo(self.index, n, lambda: spread_index(n, width, self.device), limit=256)
+            index = _memo(self.index, n, lambda: spread_index(n, width, self.device), limit=256)
             m = width
             if dt is torch.float32:
                 torch.take(x, index, out=row)  # a copy: a later in-place change cannot alter it
@@ -203,7 +202,8 @@ class Batch:
             if x.is_contiguous():
                 src = x.as_strided((m,), (s,))
             else:
-                src = torch.take(x, _memo(self.index, n, lambda: torch.arange(0, n, s, device=self.device), limit=256))
+                index = _memo(self.strided, n, lambda: torch.arange(0, n, s, device=self.device), limit=256)
+                src = torch.take(x, index)
             (row if m == width else row[:m]).copy_(src)
         self.pads.append(width - m)
         self.used += 1
@@ -314,7 +314,7 @@ def bucket_keys(flat: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_right_shift(bits, KEY_SHIFT).add_(_KEY_OFFSET)
 
 
-_INDEXES: dict[tuple, dict[int, torch.Tensor]] = {}  # (device, width) -> numel -> its sample's indices
+_INDEXES: dict[tuple, dict[int, torch.Tensor]] = {}  # (device, width, kind) -> numel -> its sample's indices
 _STRIDES: dict[int, dict[int, int]] = {}  # width -> numel -> its sample's stride
 
 

@@ -384,21 +384,26 @@ class Tracer:
             with torch._C.DisableTorchFunctionSubclass():
                 t = t.as_subclass(torch.Tensor)
         dev = t.device
-        batch = self._batches.get(dev)
-        if batch is None:
-            batch = self._batches[dev] = st.Batch(dev)
+        batch = self._batch(dev)
         slot = len(batch.dtypes)
-        if torch.is_grad_enabled():  # the measuring ops must not join the autograd graph
+        grad = torch.is_grad_enabled()
+        if grad:  # the measuring ops must not join the autograd graph
             _set_grad(False)
-            try:
-                n, sampled = batch.add(t)
-            finally:
-                _set_grad(True)
-        else:
+        try:
             n, sampled = batch.add(t)
+        finally:
+            if grad:
+                _set_grad(True)
         self._gid += 1
         self._pending.append((self._gid, _dtype_name(t.dtype), n, sampled, dev, slot))
         return self._gid
+
+    def _batch(self, dev: torch.device) -> st.Batch:
+        """This step's Batch for a device."""
+        batch = self._batches.get(dev)
+        if batch is None:
+            batch = self._batches[dev] = st.Batch(dev)
+        return batch
 
     def _hook(self, t: torch.Tensor, gid: int, owner: _Call | None) -> None:
         owners = self._hooked.get(gid)
@@ -502,9 +507,7 @@ class Tracer:
         for dev, (keys, grads) in by_dev.items():
             dtypes = [_dtype_name(g.dtype) for g in grads]
             numels = [g.numel() for g in grads]
-            batch = self._batches.get(dev)
-            if batch is None:
-                batch = self._batches[dev] = st.Batch(dev)
+            batch = self._batch(dev)
             if batch.width == pm.SAMPLE:  # rows as wide as the module tensors': counted with them
                 first = len(batch.dtypes)
                 lengths = [batch.add(g)[1] for g in grads]
