@@ -64,6 +64,29 @@ class ModuleAgg:
         self.elements += s.numel
         add_counts(self, s, sums)
 
+    def add_row(self, r: tuple, step: int, sums: st.CountSums, m: st.Measured) -> None:
+        """``add`` for a clean tensor (finite, within float16's range), from its ``Measured`` tuple."""
+        at, dtype, numel, _, scale, a, lowest = r
+        b = step - step % self.bucket
+        old = self.series.get(b)
+        if old is None or a > old:
+            self.series[b] = a
+            if len(self.series) > SERIES_POINTS:
+                self._rebucket(self.bucket * 2)
+        if dtype not in self.dtypes:
+            self.dtypes.add(dtype)
+            if dtype not in LOW_PRECISION:
+                self.tensors_fp32 = True
+        if a > self.absmax:
+            self.absmax = a
+        if lowest < self.min_nonzero:
+            self.min_nonzero = lowest
+        self.elements += numel
+        if self.slot >= 0:
+            sums.put(self.slot, at, scale, m.src)
+        else:
+            self.counts = [x + y for x, y in zip(self.counts, m.summary(r).counts)]
+
     def add_point(self, step: int, value: float) -> None:
         b = step - step % self.bucket
         old = self.series.get(b)

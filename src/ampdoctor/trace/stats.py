@@ -149,6 +149,9 @@ class Batch:
         self.reuse = device.type == "cpu"  # one block per device, used again each step (see _SPARE)
         self.gather = device.type == "cpu"  # samples through an index (the CPU) or a strided view
         self.extremes: dict[torch.dtype, list[torch.Tensor]] = {}  # per dtype: min, max, min, max, ...
+        # on the CPU: per dtype, a reused [n, 2] buffer that aminmax writes tensor i's extremes into
+        # (row i; rows of tensors of other dtypes are not read)
+        self.ext: dict[torch.dtype, _Extremes] | None = {} if self.reuse else None
         self.dtypes: list[torch.dtype] = []  # of each tensor, in order
         self.block: torch.Tensor | None = None  # [cap, width] float32
         self.views: list[torch.Tensor] | None = None  # its rows, on the CPU
@@ -168,10 +171,17 @@ class Batch:
     def add(self, x: torch.Tensor) -> tuple[int, int]:
         """Measure ``x`` (detached, on this batch's device); returns (numel, values counted)."""
         dt = x.dtype
-        ext = self.extremes.get(dt)
-        if ext is None:
-            ext = self.extremes[dt] = []
-        ext.extend(torch.aminmax(x))
+        if self.ext is not None:  # into a buffer made once: no new tensors, no stack at the end
+            i = len(self.dtypes)
+            ex = self.ext.get(dt)
+            if ex is None or i >= ex.cap:
+                ex = self.ext[dt] = _Extremes.get(self.device, dt, i + 1, ex)
+            torch.aminmax(x, out=(ex.lo[i], ex.hi[i]))
+        else:
+            ext = self.extremes.get(dt)
+            if ext is None:
+                ext = self.extremes[dt] = []
+            ext.extend(torch.aminmax(x))
         self.dtypes.append(dt)
         if self.block is None:
             self._new_block()
@@ -237,12 +247,35 @@ class Batch:
         """ROW values per tensor, in the order they were added, as one flat vector on the device."""
         self._count_held()
         # float32 holds float16, bfloat16 and float32 extremes and the counts exactly
-        dtype = torch.float64 if torch.float64 in self.extremes and self.device.type != "mps" else torch.float32
-        groups = [torch.stack(v) for v in self.extremes.values()]
-        groups = [g if g.dtype is dtype else g.to(dtype) for g in groups]
-        mm = groups[0] if len(groups) == 1 else torch.cat(groups).index_select(0, self._order())
+        kinds = self.extremes if self.ext is None else self.ext
+        dtype = torch.float64 if torch.float64 in kinds and self.device.type != "mps" else torch.float32
+        if self.ext is not None:
+            mm = self._buffered(dtype)
+        else:
+            groups = [torch.stack(v) for v in self.extremes.values()]
+            groups = [g if g.dtype is dtype else g.to(dtype) for g in groups]
+            mm = groups[0] if len(groups) == 1 else torch.cat(groups).index_select(0, self._order())
         counted = self.counted[0] if len(self.counted) == 1 else torch.cat(self.counted)
-        return torch.cat([mm.view(-1, 2), counted if counted.dtype is dtype else counted.to(dtype)], dim=1).view(-1)
+        out = torch.cat([mm.view(-1, 2), counted if counted.dtype is dtype else counted.to(dtype)], dim=1).view(-1)
+        if self.ext is not None:  # copied out above: the buffers serve the next step
+            for ex in self.ext.values():
+                _Extremes.put_back(self.device, ex)
+            self.ext = {}
+        return out
+
+    def _buffered(self, dtype: torch.dtype) -> torch.Tensor:
+        """[n, 2] extremes in the tensors' order, from the per-dtype buffers."""
+        n = len(self.dtypes)
+        exs = list(self.ext.items())
+        mm = exs[0][1].buf[:n]
+        if len(exs) > 1:  # each dtype's rows from its own buffer
+            mm = mm.to(dtype, copy=True)
+            key = tuple(self.dtypes)
+            for dt, ex in exs[1:]:
+                rows = _memo(_ORDERS, (key, dt), lambda: torch.tensor(
+                    [i for i, d in enumerate(self.dtypes) if d is dt], dtype=torch.int64))
+                mm.index_copy_(0, rows, ex.buf.index_select(0, rows).to(dtype))
+        return mm if mm.dtype is dtype else mm.to(dtype)
 
     def _order(self) -> torch.Tensor:
         """Where each (min, max) pair of the per-dtype stacks lands in the order of the tensors."""
@@ -261,6 +294,36 @@ class Batch:
             seen[d] += 2
             idx += [i, i + 1]
         return idx
+
+
+class _Extremes:
+    """A [cap, 2] buffer of one dtype on the CPU and the 0-d views of its two columns, kept from
+    step to step: ``aminmax(x, out=(lo[i], hi[i]))`` makes no tensor and needs no stack."""
+
+    __slots__ = ("buf", "lo", "hi", "cap")
+    _spare: dict[tuple, "_Extremes"] = {}
+
+    def __init__(self, dtype: torch.dtype, cap: int, device: torch.device, old: "_Extremes | None") -> None:
+        self.buf = torch.zeros(cap, 2, dtype=dtype, device=device)
+        if old is not None:
+            self.buf[:old.cap].copy_(old.buf)
+        self.lo = list(self.buf[:, 0].unbind(0))
+        self.hi = list(self.buf[:, 1].unbind(0))
+        self.cap = cap
+
+    @classmethod
+    def get(cls, device: torch.device, dtype: torch.dtype, need: int, old: "_Extremes | None") -> "_Extremes":
+        """A buffer of at least ``need`` rows that holds what ``old`` held."""
+        if old is None:
+            old = cls._spare.pop((device, dtype), None)
+            if old is not None and old.cap >= need:
+                return old
+            old = None  # a spare buffer held nothing of this step
+        return cls(dtype, max(256, 1 << (need - 1).bit_length()), device, old)
+
+    @classmethod
+    def put_back(cls, device: torch.device, ex: "_Extremes") -> None:
+        cls._spare[(device, ex.buf.dtype)] = ex
 
 
 _BLOCK = {True: 1 << 16, False: 1 << 22}  # values per block: reused on the CPU (True), fresh elsewhere
@@ -432,12 +495,16 @@ class CountSums:
         return self.n - 1
 
     def add(self, slot: int, s: TensorSummary) -> None:
-        if s.src is not self._src:
+        self.put(slot, s.at, s.scale, s.src)
+
+    def put(self, slot: int, at: int, scale: float, src: torch.Tensor) -> None:
+        """Add the counts of the row at ``at`` of ``src``, times ``scale``, to ``slot``."""
+        if src is not self._src:
             self.fold()
-            self._src = s.src
+            self._src = src
         self._slots.append(slot)
-        self._ats.append(s.at)
-        self._scales.append(s.scale)
+        self._ats.append(at)
+        self._scales.append(scale)
 
     def fold(self) -> None:
         """Add what ``add`` recorded, reading the rows from their transfer."""
@@ -500,6 +567,65 @@ def summarise(dtype: str, row: list[float], numel: int, sampled_n: int, at: int 
     absmax = math.nan if has_nan else (vmax if vmax > -vmin else -vmin)
     return TensorSummary(dtype, numel, absmax, vmin, vmax, row[-1], row, numel / sampled_n if sampled_n else 1.0,
                          sampled_n < numel, has_nan or absmax >= _LOWEST_OVERFLOW, at, src)
+
+
+class Measured:
+    """The tensors of one transfer, by id. Most are clean (finite, within float16's range): the
+    fold adds them from a tuple, ``(at, dtype name, numel, values counted, scale, absmax, smallest
+    nonzero)``, and makes no summary. The others (``bad``) get a ``TensorSummary`` at once; a
+    clean one gets one only when it is asked for (``get``, ``[]``)."""
+
+    __slots__ = ("bad", "clean", "asked", "values", "src")
+
+    def __init__(self, values: list[float], src: torch.Tensor | None) -> None:
+        self.bad: dict[int, TensorSummary] = {}
+        self.clean: dict[int, tuple] = {}
+        self.asked: dict[int, TensorSummary] = {}  # summaries made for clean ones
+        self.values = values
+        self.src = src
+
+    def add(self, gid: int, dtype: str, at: int, numel: int, sampled_n: int) -> None:
+        r = self.row(dtype, at, numel, sampled_n)
+        if type(r) is tuple:
+            self.clean[gid] = r
+        else:
+            self.bad[gid] = r
+
+    def row(self, dtype: str, at: int, numel: int, sampled_n: int) -> TensorSummary | tuple:
+        """The row at ``at`` of ``values``: its tuple when it is clean, else its summary."""
+        values = self.values
+        vmin, vmax = values[at], values[at + 1]
+        if -_LOWEST_OVERFLOW < vmin and vmax < _LOWEST_OVERFLOW:  # also False for NaN
+            return (at, dtype, numel, sampled_n, numel / sampled_n if sampled_n else 1.0,
+                    vmax if vmax > -vmin else -vmin, values[at + ROW - 1])
+        return summarise(dtype, values[at: at + ROW], numel, sampled_n, at, self.src)
+
+    def summary(self, r: tuple) -> TensorSummary:
+        at, dtype, numel, sampled_n = r[:4]
+        return summarise(dtype, self.values[at: at + ROW], numel, sampled_n, at, self.src)
+
+    def get(self, gid: int, default=None):
+        s = self.bad.get(gid)
+        if s is None:
+            s = self.asked.get(gid)
+            if s is None:
+                r = self.clean.get(gid)
+                if r is None:
+                    return default
+                s = self.asked[gid] = self.summary(r)
+        return s
+
+    def __getitem__(self, gid: int) -> TensorSummary:
+        s = self.get(gid)
+        if s is None:
+            raise KeyError(gid)
+        return s
+
+    def __contains__(self, gid: int) -> bool:
+        return gid in self.clean or gid in self.bad
+
+    def __len__(self) -> int:
+        return len(self.clean) + len(self.bad)
 
 
 def _counts(s: TensorSummary) -> list[float]:

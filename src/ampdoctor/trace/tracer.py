@@ -37,6 +37,7 @@ except AttributeError:  # pragma: no cover - older torch
 
 _current_node = torch._C._current_autograd_node
 _set_grad = torch._C._set_grad_enabled
+_grad_on = torch.is_grad_enabled
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -353,16 +354,18 @@ class Tracer:
         """The id of this tensor's statistics in the step, measuring it only once per version."""
         if not isinstance(t, torch.Tensor):
             return None
-        reason = skip_reason(t)
-        if reason is not None:
-            if reason:
-                self._skip(reason)
-            return None
         # ``made``: a module returned it. That is remembered across steps (T5's encoder output read
         # by the decoder in the next forward-only step is not new data).
+        seen = self._seen.get(id(t))  # measured before, so measurable
+        if seen is None or seen[0]() is not t:
+            seen = None
+            reason = skip_reason(t)
+            if reason is not None:
+                if reason:
+                    self._skip(reason)
+                return None
         ver = None if t.is_inference() else t._version  # inference tensors have no version counter:
-        seen = self._seen.get(id(t))                     # they are measured each time they are seen
-        if seen is not None and seen[0]() is t:
+        if seen is not None:                             # they are measured each time they are seen
             if ver is not None and seen[1] == ver and seen[2] > self._gid0:
                 gid = seen[2]  # measured in this transfer, unchanged since
                 if made and not seen[3]:
@@ -384,18 +387,20 @@ class Tracer:
             with torch._C.DisableTorchFunctionSubclass():
                 t = t.as_subclass(torch.Tensor)
         dev = t.device
-        batch = self._batch(dev)
+        batch = self._batches.get(dev)
+        if batch is None:
+            batch = self._batch(dev)
         slot = len(batch.dtypes)
-        grad = torch.is_grad_enabled()
-        if grad:  # the measuring ops must not join the autograd graph
+        if _grad_on():  # the measuring ops must not join the autograd graph
             _set_grad(False)
-        try:
-            n, sampled = batch.add(t)
-        finally:
-            if grad:
+            try:
+                n, sampled = batch.add(t)
+            finally:
                 _set_grad(True)
+        else:
+            n, sampled = batch.add(t)
         self._gid += 1
-        self._pending.append((self._gid, _dtype_name(t.dtype), n, sampled, dev, slot))
+        self._pending.append((self._gid, _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype), n, sampled, dev, slot))
         return self._gid
 
     def _batch(self, dev: torch.device) -> st.Batch:
@@ -650,11 +655,11 @@ class Tracer:
         self._updated = False  # an optimizer changed the weights in this step (it was not skipped)
         self._tops: dict[int, weakref.ref] = {}  # the modules called at the top level in this step
 
-    def _transfer(self) -> dict[int, st.TensorSummary]:
+    def _transfer(self) -> st.Measured:
         pending, batches, parts, param_rows = self._pending, self._batches, self._parts, self._param_rows
         self._pending, self._batches, self._parts, self._param_rows = [], {}, [], []
         if not pending and not parts and not param_rows:
-            return {}
+            return st.Measured([], None)
         flat = []
         start: dict[torch.device, int] = {}
         pos = 0
@@ -680,11 +685,10 @@ class Tracer:
             host = host.to("cpu")  # the single device-to-host transfer
         values = host.tolist()
         self.transfers += 1
-        out: dict[int, st.TensorSummary] = {}
-        row, summarise, dtypes = st.ROW, st.summarise, set()
+        out = st.Measured(values, host)
+        row, add, dtypes = st.ROW, out.add, set()
         for gid, dtype, numel, sampled, dev, slot in pending:
-            at = start[dev] + slot * row
-            out[gid] = summarise(dtype, values[at: at + row], numel, sampled, at, host)
+            add(gid, dtype, start[dev] + slot * row, numel, sampled)
             dtypes.add(dtype)
         self.dtypes_seen |= dtypes
         for at, (x, what) in zip(extra_at, parts):
@@ -695,10 +699,9 @@ class Tracer:
                 self._comparer.fold(what[1], vals)
             else:
                 _, keys, dtypes, numels, lengths, scaled = what
-                for i, key in enumerate(keys):
-                    s = st.summarise(dtypes[i], vals[i * st.ROW:(i + 1) * st.ROW], numels[i], lengths[i],
-                                     at + i * st.ROW, host)
-                    self._step_params.append((key, s, scaled))
+                for i, key in enumerate(keys):  # a summary, or a clean one's tuple (Measured.add)
+                    self._step_params.append((key, out.row(dtypes[i], at + i * st.ROW, numels[i], lengths[i]),
+                                              scaled))
         return out
 
     def _flush(self, end_step: bool, count: bool = False, stop: bool = True) -> None:
@@ -709,7 +712,7 @@ class Tracer:
         summ = self._transfer()
         step = self.steps
         out_gids = self._out_gids
-        for gid, s in summ.items():
+        for gid, s in summ.bad.items():  # a clean tensor is finite: missing from _fin means finite
             # -inf and finite values only, and no module made it: an additive attention mask
             # (generate_square_subsequent_mask), which makes no call's inputs non-finite
             self._fin[gid] = s.finite or (s.vmin == -math.inf and math.isfinite(s.vmax) and gid not in out_gids)
@@ -752,23 +755,30 @@ class Tracer:
                                                          slot=self._sums.slot())
         return agg
 
-    def _fold_forward(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
+    def _fold_forward(self, step: int, summ: st.Measured) -> None:
         calls, self._calls = self._calls, []
         fin, sums = self._fin, self._sums
+        clean, bad_rows = summ.clean, summ.bad
         now = step
-        for c in calls:  # data that was NaN/Inf before any module touched it
-            if c.parent is None and not self._step_bad["forward"]:
-                self._input_origin(c.step if c.step <= now else now, c)
+        if fin:
+            for c in calls:  # data that was NaN/Inf before any module touched it
+                if c.parent is None and not self._step_bad["forward"]:
+                    self._input_origin(c.step if c.step <= now else now, c)
         for c in calls:
             step = c.step if c.step <= now else now  # calls made before a rebase belong to step 0
             agg = self._agg(c.key, "forward")
             agg.calls += 1
-            outs = [summ[g] for g in c.outs if g in summ]
-            fixed = False  # an output with NaN, inf or values past float16's range
-            for s in outs:
-                agg.add(s, step, sums)
-                fixed = fixed or s.fix
-            if fixed:
+            outs = None  # the summaries of its outputs that are not clean
+            for g in c.outs:
+                r = clean.get(g)
+                if r is not None:
+                    agg.add_row(r, step, sums, summ)
+                else:
+                    s = bad_rows.get(g)
+                    if s is not None:
+                        agg.add(s, step, sums)
+                        outs = [s] if outs is None else outs + [s]
+            if outs is not None:  # an output with NaN, inf or values past float16's range
                 bad = [s for s in outs if not s.finite]
                 if bad:
                     self._step_bad["forward"] = True
@@ -779,12 +789,12 @@ class Tracer:
                         if not c.child_origin:
                             self._forward_origin(step, c, agg, bad, summ)
                 if any(s.overflow16 for s in outs) and \
-                        not any(summ[g].overflow16 for g in c.ins if g in summ):  # past fp16's range
+                        not any(bad_rows[g].overflow16 for g in c.ins if g in bad_rows):  # past fp16's range
                     agg.mark(agg.exceed_steps, step)
             if c.child_origin and c.parent is not None:
                 c.parent.child_origin = True
 
-    def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list, summ: dict) -> None:
+    def _forward_origin(self, step: int, c: _Call, agg: ModuleAgg, bad: list, summ: st.Measured) -> None:
         agg.mark(agg.origin_steps, step)
         nan = any(s.nonfinite["nan"] for s in bad)
         low = [s.dtype for s in bad if s.dtype in LOW_PRECISION]
@@ -843,16 +853,21 @@ class Tracer:
         if len(self.origins) < 256:
             self.origins.append(o)
 
-    def _fold_backward(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
+    def _fold_backward(self, step: int, summ: st.Measured) -> None:
         bwd, self._bwd = self._bwd, []
         hooked, carried = self._hooked, self._carry_hooked
+        clean, bad_rows, sums = summ.clean, summ.bad, self._sums
         for g, tid in bwd:
-            s = summ.get(g)
-            if s is None:
-                continue
-            if s.dtype == "float16":
+            r = clean.get(g)
+            if r is not None:
+                s, ok, dtype = None, True, r[1]
+            else:
+                s = bad_rows.get(g)
+                if s is None:
+                    continue
+                ok, dtype = s.finite, s.dtype
+            if dtype == "float16":
                 self._step_fp16 = True
-            ok = s.finite
             if tid in self._gfin:
                 self._gfin[tid] = self._gfin[tid] and ok
             else:
@@ -872,11 +887,14 @@ class Tracer:
                 if key not in self._bwd_counted:
                     agg.calls += 1
                     self._bwd_counted.add(key)
-                agg.add(s, step, self._sums)
+                if s is None:
+                    agg.add_row(r, step, sums, summ)
+                else:
+                    agg.add(s, step, sums)
                 if not ok:
                     agg.mark(agg.nonfinite_steps, step)
 
-    def _end_of_step(self, step: int, summ: dict[int, st.TensorSummary]) -> None:
+    def _end_of_step(self, step: int, summ: st.Measured) -> None:
         # the loss
         loss_bad = False
         for gid in self._loss_gids:
@@ -908,13 +926,24 @@ class Tracer:
                                     dtype=s.dtype if s is not None else None))
         # parameter gradients
         bad_params = []
+        sums, fp16 = self._sums, False
         for key, s, scaled in self._step_params:
             pa = self.params.get(key)
             if pa is None:
                 pa = self.params[key] = ParamAgg(key, slot=self._sums.slot())
-            pa.dtypes.add(s.dtype)
             pa.steps += 1
             pa.scaled = pa.scaled or scaled
+            if type(s) is tuple:  # clean: finite, within float16's range (Measured.add)
+                at, dtype, numel, _, scale, a, _ = s
+                pa.dtypes.add(dtype)
+                fp16 = fp16 or dtype == "float16"
+                pa.elements += numel
+                if a > pa.absmax:
+                    pa.absmax = a
+                sums.put(pa.slot, at, scale, summ.src)
+                continue
+            pa.dtypes.add(s.dtype)
+            fp16 = fp16 or s.dtype == "float16"
             pa.elements += s.numel
             if math.isnan(s.absmax) or math.isnan(pa.absmax):
                 pa.absmax = math.nan
@@ -938,7 +967,7 @@ class Tracer:
         for before, found, after in self._step_scaler:
             rec = StepRecord(step, before, after, bool(found > 0 or math.isnan(found)),
                              origin.key if origin is not None else None, bad_params[:16], grads_bad,
-                             self._step_fp16 or any(s.dtype == "float16" for _, s, _ in self._step_params))
+                             self._step_fp16 or fp16)
             self.step_records.append(rec)
 
     def _backward_origin(self, step: int) -> Origin:
