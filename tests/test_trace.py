@@ -438,8 +438,8 @@ def test_counts_summed_a_step_at_a_time_match_adding_each_tensor(script, monkeyp
     def one_by_one(agg, s, sums):
         real(agg, s, None)
 
-    def always_a_summary(self, dtype, at, numel, sampled_n):
-        return st.summarise(dtype, self.values[at: at + st.ROW], numel, sampled_n, at, self.src)
+    def always_a_summary(self, dtype, at, numel, sampled_n, rid=-1):
+        return self.summary((at, dtype, numel, sampled_n, 0, 0, 0, rid))
 
     monkeypatch.setattr(records, "add_counts", one_by_one)
     monkeypatch.setattr(tracer, "add_counts", one_by_one)
@@ -460,8 +460,8 @@ def test_the_accelerator_layout_gives_the_cpu_layouts_findings(script, monkeypat
     _, cpu = trace_json(script)
     real_init = st.Batch.__init__
 
-    def accelerator_like(self, device):
-        real_init(self, device)
+    def accelerator_like(self, device, defer=False):
+        real_init(self, device)  # not deferred: counted each step, as on an accelerator
         self.reuse = self.gather = False
 
     monkeypatch.setattr(st.Batch, "__init__", accelerator_like)

@@ -65,8 +65,8 @@ class ModuleAgg:
         add_counts(self, s, sums)
 
     def add_row(self, r: tuple, step: int, sums: st.CountSums, m: st.Measured) -> None:
-        """``add`` for a clean tensor (finite, within float16's range), from its ``Measured`` tuple."""
-        at, dtype, numel, _, scale, a, lowest = r
+        """``add`` for a finite tensor, from its ``Measured`` tuple."""
+        at, dtype, numel, _, scale, a, lowest, rid = r
         b = step - step % self.bucket
         old = self.series.get(b)
         if old is None or a > old:
@@ -82,10 +82,14 @@ class ModuleAgg:
         if lowest < self.min_nonzero:
             self.min_nonzero = lowest
         self.elements += numel
-        if self.slot >= 0:
-            sums.put(self.slot, at, scale, m.src)
+        if self.slot < 0:  # no row in the sums: its own counts, now
+            s = m.summary(r)
+            self.counts = [x + y for x, y in zip(self.counts, s.counts)]
+            self.min_nonzero = min(self.min_nonzero, s.min_nonzero)
+        elif rid >= 0:  # counted later, with its block
+            sums.own(rid, self.slot, scale, a)
         else:
-            self.counts = [x + y for x, y in zip(self.counts, m.summary(r).counts)]
+            sums.put(self.slot, at, scale, m.src, a)
 
     def add_point(self, step: int, value: float) -> None:
         b = step - step % self.bucket

@@ -143,10 +143,19 @@ class Batch:
 
     HOLD = 1 << 22
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, defer: bool = False) -> None:
         self.device = device
         self.width = _limit(device)
         self.reuse = device.type == "cpu"  # one block per device, used again each step (see _SPARE)
+        # The tracer's CPU batch lives as long as the trace and counts later (``defer``): counting
+        # has a fixed cost of a dozen ops, so its block holds many steps' rows and is counted when
+        # full (``chunks``); ``rows()`` gives the extremes only, and the counts reach the
+        # aggregates through ``CountSums.own``/``apply``. Rows have ids that grow over the trace.
+        self.defer = defer and self.reuse
+        self.ids = 0  # rows added so far
+        self.base = 0  # the id of the first row since the last rows()
+        self.first = 0  # the id of the block's first row
+        self.chunks: list[tuple[int, torch.Tensor]] = []  # (first id, [rows, NCOUNTS + 1]) counted
         self.gather = device.type == "cpu"  # samples through an index (the CPU) or a strided view
         self.extremes: dict[torch.dtype, list[torch.Tensor]] = {}  # per dtype: min, max, min, max, ...
         # on the CPU: per dtype, a reused [n, 2] buffer that aminmax writes tensor i's extremes into
@@ -200,7 +209,9 @@ class Batch:
                     row = row[:m]
             row.copy_(x if x.dim() == 1 else x.view(-1) if x.is_contiguous() else x.reshape(-1))
         elif self.gather:  # ``width`` values through a cached index: one op for float32
-            index = _memo(self.index, n, lambda: spread_index(n, width, self.device), limit=256)
+            index = self.index.get(n)
+            if index is None:
+                index = _memo(self.index, n, lambda: spread_index(n, width, self.device), limit=256)
             m = width
             if dt is torch.float32:
                 torch.take(x, index, out=row)  # a copy: a later in-place change cannot alter it
@@ -217,13 +228,14 @@ class Batch:
             (row if m == width else row[:m]).copy_(src)
         self.pads.append(width - m)
         self.used += 1
+        self.ids += 1
         if self.used == self.cap:
             self._count_held()
         return n, m
 
     def _new_block(self) -> None:
         reuse = self.reuse
-        cap = max(1, min(self.HOLD, _BLOCK[reuse]) // self.width)
+        cap = max(1, min(self.HOLD, _BLOCK["defer" if self.defer else reuse]) // self.width)
         spare = _SPARE.pop(self.device, None) if reuse else None
         if spare is not None and len(spare[0]) == cap:
             self.block, self.views, self.heads = spare
@@ -237,6 +249,12 @@ class Batch:
         if not self.used:
             return
         block = self.block if self.used == self.cap else self.block[:self.used]
+        if self.defer:  # the block stays with this batch
+            self.chunks.append((self.first, _classes(block, self.pads)))
+            block.zero_()
+            self.first += self.used
+            self.used, self.pads = 0, []
+            return
         self.counted.append(_classes(block, self.pads))
         if self.reuse:  # counted already (CPU ops are synchronous): zeroed, it serves again
             block.zero_()  # the rows written; the others were never touched
@@ -244,7 +262,10 @@ class Batch:
         self.block, self.views, self.used, self.pads = None, None, 0, []
 
     def rows(self) -> torch.Tensor:
-        """ROW values per tensor, in the order they were added, as one flat vector on the device."""
+        """ROW values per tensor, in the order they were added, as one flat vector on the device
+        (with ``defer``: those added since the last call, their counts left at zero)."""
+        if self.defer:
+            return self._extremes_only()
         self._count_held()
         # float32 holds float16, bfloat16 and float32 extremes and the counts exactly
         kinds = self.extremes if self.ext is None else self.ext
@@ -262,6 +283,39 @@ class Batch:
                 _Extremes.put_back(self.device, ex)
             self.ext = {}
         return out
+
+    def _extremes_only(self) -> torch.Tensor:
+        dtype = torch.float64 if torch.float64 in self.ext else torch.float32
+        if not self.dtypes:
+            return torch.zeros(0, dtype=dtype)
+        mm = self._buffered(dtype)
+        out = torch.cat([mm, _zeros(len(mm), ROW - 2, dtype)], dim=1).view(-1)
+        for ex in self.ext.values():
+            _Extremes.put_back(self.device, ex)
+        self.ext, self.dtypes, self.base = {}, [], self.ids
+        return out
+
+    def counts_of(self, rid: int) -> list[float]:
+        """The counts and smallest nonzero magnitude (NCOUNTS + 1 values) of the row with id ``rid``
+        of a deferred batch, counted now if its block has not been."""
+        if rid >= self.first:
+            i = rid - self.first
+            return _classes(self.block[i:i + 1], [self.pads[i]])[0].tolist()
+        for first, counted in self.chunks:
+            if first <= rid < first + len(counted):
+                return counted[rid - first].tolist()
+        raise KeyError(rid)  # pragma: no cover - applied chunks are only dropped after their step
+
+    def take_chunks(self, finish: bool = False) -> list[tuple[int, torch.Tensor]]:
+        """The counted blocks since the last call (with ``finish``, the rows held are counted
+        first, and the block is given back)."""
+        if finish:
+            self._count_held()
+            if self.block is not None:
+                _SPARE[self.device] = (self.block, self.views, self.heads if len(self.heads) < 4096 else {})
+                self.block, self.views = None, None
+        chunks, self.chunks = self.chunks, []
+        return chunks
 
     def _buffered(self, dtype: torch.dtype) -> torch.Tensor:
         """[n, 2] extremes in the tensors' order, from the per-dtype buffers."""
@@ -326,7 +380,17 @@ class _Extremes:
         cls._spare[(device, ex.buf.dtype)] = ex
 
 
-_BLOCK = {True: 1 << 16, False: 1 << 22}  # values per block: reused on the CPU (True), fresh elsewhere
+# values per block: reused on the CPU (True), fresh elsewhere, counted later (the tracer's CPU batch)
+_BLOCK = {True: 1 << 16, False: 1 << 22, "defer": 1 << 18}
+_ZEROS: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _zeros(n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """[n, k] zeros on the CPU (a view of a kept tensor)."""
+    z = _ZEROS.get(dtype)
+    if z is None or len(z) < n or z.shape[1] != k:
+        z = _ZEROS[dtype] = torch.zeros(max(n, 1024), k, dtype=dtype)
+    return z[:n]
 _SPARE: dict[torch.device, tuple] = {}  # a counted CPU block (zeroed) and its rows, for the next
 #                                       step: a fresh one costs the host page faults every step
 _ORDERS: dict[tuple, torch.Tensor] = {}
@@ -480,31 +544,79 @@ class CountSums:
 
     def __init__(self) -> None:
         self.sums = torch.zeros(256, NCOUNTS, dtype=torch.float64)
+        self.lowest = torch.full((256,), math.inf, dtype=torch.float64)  # smallest nonzero magnitude (deferred rows)
         self.n = 0
+        self._own: tuple[list[int], list[int], list[float]] = ([], [], [])  # deferred rows: id, slot, scale
         self._src: torch.Tensor | None = None  # the transfer the recorded rows are in
         self._layouts: dict[tuple, tuple] = {}
         self._slots: list[int] = []
         self._ats: list[int] = []
         self._scales: list[float] = []
+        self._wide: list[tuple[int, float]] = []  # (entry, absmax) of finite rows past a format's range
+        self._own_wide: list[tuple[int, float]] = []  # the same for the deferred rows
 
     def slot(self) -> int:
         """A new aggregate's row."""
         if self.n == len(self.sums):
             self.sums = torch.cat([self.sums, torch.zeros_like(self.sums)])
+            self.lowest = torch.cat([self.lowest, torch.full_like(self.lowest, math.inf)])
         self.n += 1
         return self.n - 1
 
     def add(self, slot: int, s: TensorSummary) -> None:
         self.put(slot, s.at, s.scale, s.src)
 
-    def put(self, slot: int, at: int, scale: float, src: torch.Tensor) -> None:
-        """Add the counts of the row at ``at`` of ``src``, times ``scale``, to ``slot``."""
+    def put(self, slot: int, at: int, scale: float, src: torch.Tensor, absmax: float = 0.0) -> None:
+        """Add the counts of the row at ``at`` of ``src``, times ``scale``, to ``slot``; a finite
+        row's ``absmax`` past a format's range corrects them (``correct``)."""
         if src is not self._src:
             self.fold()
             self._src = src
+        if absmax >= _LOWEST_OVERFLOW:
+            self._wide.append((len(self._slots), absmax))
         self._slots.append(slot)
         self._ats.append(at)
         self._scales.append(scale)
+
+    def own(self, rid: int, slot: int, scale: float, absmax: float = 0.0) -> None:
+        """Row ``rid`` of the deferred batch belongs to ``slot``: its counts, times ``scale``, and
+        its smallest nonzero magnitude are added when its block has been counted (``apply``)."""
+        rows, slots, scales = self._own
+        if absmax >= _LOWEST_OVERFLOW:
+            self._own_wide.append((len(rows), absmax))
+        rows.append(rid)
+        slots.append(slot)
+        scales.append(scale)
+
+    def apply(self, batch: "Batch", finish: bool = False) -> None:
+        """Add the counts of the deferred batch's counted blocks to the rows' owners. Called when
+        a step has been folded: every row added before it has its owners by then."""
+        chunks = batch.take_chunks(finish)
+        if not chunks or not self._own[0]:
+            return
+        lo, hi = chunks[0][0], chunks[-1][0] + len(chunks[-1][1])
+        counted = chunks[0][1] if len(chunks) == 1 else torch.cat([c for _, c in chunks])
+        rows, slots, scales = self._own
+        wide = self._own_wide
+        if max(rows) < hi and min(rows) >= lo:  # the usual case: all of them
+            self._own, self._own_wide = ([], [], []), []
+        else:
+            ready = [i for i, r in enumerate(rows) if lo <= r < hi]
+            later = [i for i, r in enumerate(rows) if r >= hi]
+            self._own = ([rows[i] for i in later], [slots[i] for i in later], [scales[i] for i in later])
+            where = {i: j for j, i in enumerate(later)}
+            self._own_wide = [(where[i], a) for i, a in wide if i in where]
+            where = {i: j for j, i in enumerate(ready)}
+            wide = [(where[i], a) for i, a in wide if i in where]
+            rows, slots, scales = [rows[i] for i in ready], [slots[i] for i in ready], [scales[i] for i in ready]
+            if not rows:
+                return
+        at = torch.tensor(rows, dtype=torch.int64).sub_(lo)
+        slot = torch.tensor(slots, dtype=torch.int64)
+        vals = counted.index_select(0, at).to(torch.float64)
+        counts = vals[:, :NCOUNTS].mul_(torch.tensor(scales, dtype=torch.float64).unsqueeze(1))
+        self.sums.index_add_(0, slot, correct(counts, wide))
+        self.lowest.scatter_reduce_(0, slot, vals[:, NCOUNTS], "amin")
 
     def fold(self) -> None:
         """Add what ``add`` recorded, reading the rows from their transfer."""
@@ -512,20 +624,41 @@ class CountSums:
             return
         at, scales, slots = _memo(self._layouts, (tuple(self._ats), tuple(self._slots), tuple(self._scales)),
                                   self._layout, limit=16)  # a training step repeats the last one's
-        self.sums.index_add_(0, slots, self._src.take(at).to(torch.float64).mul_(scales))
-        self._src, self._slots, self._ats, self._scales = None, [], [], []
+        self.sums.index_add_(0, slots, correct(self._src.take(at).to(torch.float64).mul_(scales), self._wide))
+        self._src, self._slots, self._ats, self._scales, self._wide = None, [], [], [], []
 
     def _layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return (torch.tensor(self._ats, dtype=torch.int64).unsqueeze(1) + _COUNT_COLUMNS,
                 torch.tensor(self._scales, dtype=torch.float64).unsqueeze(1),
                 torch.tensor(self._slots, dtype=torch.int64))
 
-    def take(self) -> list[list[float]]:
-        """Every aggregate's sums since the last ``take``."""
+    def take(self) -> tuple[list[list[float]], list[float]]:
+        """Every aggregate's sums and smallest nonzero magnitude since the last ``take``."""
         self.fold()
-        out = self.sums[:self.n].tolist()
+        out, low = self.sums[:self.n].tolist(), self.lowest[:self.n].tolist()
         self.sums.zero_()
-        return out
+        self.lowest.fill_(math.inf)
+        return out, low
+
+
+def correct(counts: torch.Tensor, wide: list[tuple[int, float]]) -> torch.Tensor:
+    """Scaled class counts [rows, NCOUNTS] of finite tensors, corrected as ``_counts`` corrects
+    a summary's: a row whose exact absmax (``wide``: (row, absmax)) is past a format's range has
+    at least one value that overflows it, whatever its sample held."""
+    if not wide:
+        return counts
+    for j, fmt in enumerate(FORMATS.values()):
+        rows = [i for i, a in wide if a >= fmt.overflow]
+        if not rows:
+            continue
+        idx = torch.tensor(rows, dtype=torch.int64)
+        sub = counts.index_select(0, idx)
+        o, n = j * NCLASSES + _OVERFLOW, j * NCLASSES + _NORMAL
+        need = sub[:, o] < 1
+        sub[:, n] = torch.where(need, (sub[:, n] - 1).clamp_(min=0.0), sub[:, n])
+        sub[:, o] = torch.where(need, torch.ones_like(sub[:, o]), sub[:, o])
+        counts.index_copy_(0, idx, sub)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -570,39 +703,47 @@ def summarise(dtype: str, row: list[float], numel: int, sampled_n: int, at: int 
 
 
 class Measured:
-    """The tensors of one transfer, by id. Most are clean (finite, within float16's range): the
-    fold adds them from a tuple, ``(at, dtype name, numel, values counted, scale, absmax, smallest
-    nonzero)``, and makes no summary. The others (``bad``) get a ``TensorSummary`` at once; a
-    clean one gets one only when it is asked for (``get``, ``[]``)."""
+    """The tensors of one transfer, by id. Most are finite (``clean``): the fold adds them from a
+    tuple, ``(at, dtype name, numel, values counted, scale, absmax, smallest nonzero, row id)``,
+    and makes no summary; one whose absmax is past a format's range (GradScaler's gradients) has
+    its counts corrected where they are summed (``CountSums``, ``correct``). The others (``bad``:
+    NaN or inf) get a ``TensorSummary`` at once; a clean one gets one only when it is asked for
+    (``get``, ``[]``). A row id is the row's in the tracer's deferred CPU batch (``held``), whose
+    counts come later, or -1."""
 
-    __slots__ = ("bad", "clean", "asked", "values", "src")
+    __slots__ = ("bad", "clean", "asked", "values", "src", "held")
 
-    def __init__(self, values: list[float], src: torch.Tensor | None) -> None:
+    def __init__(self, values: list[float], src: torch.Tensor | None, held: "Batch | None" = None) -> None:
         self.bad: dict[int, TensorSummary] = {}
         self.clean: dict[int, tuple] = {}
         self.asked: dict[int, TensorSummary] = {}  # summaries made for clean ones
         self.values = values
         self.src = src
+        self.held = held
 
-    def add(self, gid: int, dtype: str, at: int, numel: int, sampled_n: int) -> None:
-        r = self.row(dtype, at, numel, sampled_n)
+    def add(self, gid: int, dtype: str, at: int, numel: int, sampled_n: int, rid: int = -1) -> None:
+        r = self.row(dtype, at, numel, sampled_n, rid)
         if type(r) is tuple:
             self.clean[gid] = r
         else:
             self.bad[gid] = r
 
-    def row(self, dtype: str, at: int, numel: int, sampled_n: int) -> TensorSummary | tuple:
+    def row(self, dtype: str, at: int, numel: int, sampled_n: int, rid: int = -1) -> TensorSummary | tuple:
         """The row at ``at`` of ``values``: its tuple when it is clean, else its summary."""
         values = self.values
         vmin, vmax = values[at], values[at + 1]
-        if -_LOWEST_OVERFLOW < vmin and vmax < _LOWEST_OVERFLOW:  # also False for NaN
+        if -math.inf < vmin and vmax < math.inf:  # also False for NaN
             return (at, dtype, numel, sampled_n, numel / sampled_n if sampled_n else 1.0,
-                    vmax if vmax > -vmin else -vmin, values[at + ROW - 1])
-        return summarise(dtype, values[at: at + ROW], numel, sampled_n, at, self.src)
+                    vmax if vmax > -vmin else -vmin, values[at + ROW - 1] if rid < 0 else math.inf, rid)
+        return self.summary((at, dtype, numel, sampled_n, 0, 0, 0, rid))
 
     def summary(self, r: tuple) -> TensorSummary:
         at, dtype, numel, sampled_n = r[:4]
-        return summarise(dtype, self.values[at: at + ROW], numel, sampled_n, at, self.src)
+        rid = r[7]
+        if rid < 0:
+            return summarise(dtype, self.values[at: at + ROW], numel, sampled_n, at, self.src)
+        row = self.values[at: at + 2] + self.held.counts_of(rid)  # its counts, now
+        return summarise(dtype, row, numel, sampled_n, 0, torch.tensor(row, dtype=torch.float64))
 
     def get(self, gid: int, default=None):
         s = self.bad.get(gid)
@@ -623,6 +764,14 @@ class Measured:
 
     def __contains__(self, gid: int) -> bool:
         return gid in self.clean or gid in self.bad
+
+    def overflow16(self, gid: int) -> bool:
+        """Some value is finite but past float16's range (absent: False)."""
+        r = self.clean.get(gid)
+        if r is not None:  # finite: the extremes say it
+            return r[5] >= _F16_LIMIT
+        s = self.bad.get(gid)
+        return s is not None and s.overflow16
 
     def __len__(self) -> int:
         return len(self.clean) + len(self.bad)
@@ -656,4 +805,5 @@ def _counts(s: TensorSummary) -> list[float]:
 _NAN, _PINF, _NINF, _OVERFLOW, _NORMAL = (CLASSES.index(c) for c in ("nan", "pinf", "ninf", "overflow", "normal"))
 _LOWEST_OVERFLOW = min(f.overflow for f in FORMATS.values())
 _F16_OVERFLOW = index_of("float16", "overflow")
+_F16_LIMIT = FORMATS["float16"].overflow
 _COUNT_COLUMNS = torch.arange(2, 2 + NCOUNTS, dtype=torch.int64)  # where the counts are in a row

@@ -38,6 +38,7 @@ except AttributeError:  # pragma: no cover - older torch
 _current_node = torch._C._current_autograd_node
 _set_grad = torch._C._set_grad_enabled
 _grad_on = torch.is_grad_enabled
+_F16_LIMIT = FORMATS["float16"].overflow  # |x| at or past it is inf in float16
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -153,6 +154,7 @@ class Tracer:
         self._carry_calls: list[_Call] = []
         self._carry_hooked: dict[int, tuple[int, list[_Call]]] = {}
         self._flushes = 0
+        self._held: st.Batch | None = None  # the CPU's deferred batch (its counts come later)
         self._reset_step()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -189,6 +191,7 @@ class Tracer:
                 self._flush(end_step=True, count=self._dirty, stop=False)
             if self.namer.pending:
                 self.namer.resolve()
+            self._count_held()
         except Exception as exc:  # never let the tracer's own bookkeeping fail the caller
             self._note_error(exc, "the last step")
         finally:
@@ -404,10 +407,16 @@ class Tracer:
         return self._gid
 
     def _batch(self, dev: torch.device) -> st.Batch:
-        """This step's Batch for a device."""
+        """This step's Batch for a device: on the CPU, the trace's one deferred batch."""
         batch = self._batches.get(dev)
         if batch is None:
-            batch = self._batches[dev] = st.Batch(dev)
+            if dev.type == "cpu":
+                if self._held is None:
+                    self._held = st.Batch(dev, defer=True)
+                batch = self._held
+            else:
+                batch = st.Batch(dev)
+            self._batches[dev] = batch
         return batch
 
     def _hook(self, t: torch.Tensor, gid: int, owner: _Call | None) -> None:
@@ -662,18 +671,23 @@ class Tracer:
             return st.Measured([], None)
         flat = []
         start: dict[torch.device, int] = {}
+        rid: dict[torch.device, int] = {}  # a deferred batch's first row id in this transfer
         pos = 0
         for dev in sorted(batches, key=str):
+            batch = batches[dev]
             start[dev] = pos
-            flat.append(batches[dev].rows())
-            pos += len(batches[dev]) * st.ROW
-        extra_at = []
+            rid[dev] = batch.base if batch.defer else -1
+            pos += len(batch) * st.ROW
+            flat.append(batch.rows())
+        extra_at, extra_rid = [], []
         for x, what in parts:
             extra_at.append(pos)
+            extra_rid.append(-1)
             flat.append(x)
             pos += x.numel()
         for dev, first, what in param_rows:
             extra_at.append(start[dev] + first * st.ROW)
+            extra_rid.append(rid[dev] + first if rid[dev] >= 0 else -1)
             parts.append((None, what))
         if len({x.device for x in flat}) > 1:  # several devices: gather them on one first
             dev = sorted({x.device for x in flat}, key=str)[0]
@@ -685,13 +699,14 @@ class Tracer:
             host = host.to("cpu")  # the single device-to-host transfer
         values = host.tolist()
         self.transfers += 1
-        out = st.Measured(values, host)
+        out = st.Measured(values, host, self._held)
         row, add, dtypes = st.ROW, out.add, set()
         for gid, dtype, numel, sampled, dev, slot in pending:
-            add(gid, dtype, start[dev] + slot * row, numel, sampled)
+            r0 = rid[dev]
+            add(gid, dtype, start[dev] + slot * row, numel, sampled, r0 + slot if r0 >= 0 else -1)
             dtypes.add(dtype)
         self.dtypes_seen |= dtypes
-        for at, (x, what) in zip(extra_at, parts):
+        for at, r0, (x, what) in zip(extra_at, extra_rid, parts):
             vals = values[at: at + (x.numel() if x is not None else len(what[1]) * st.ROW)]
             if what[0] == "scaler":
                 self._step_scaler.append(tuple(vals))
@@ -700,8 +715,8 @@ class Tracer:
             else:
                 _, keys, dtypes, numels, lengths, scaled = what
                 for i, key in enumerate(keys):  # a summary, or a clean one's tuple (Measured.add)
-                    self._step_params.append((key, out.row(dtypes[i], at + i * st.ROW, numels[i], lengths[i]),
-                                              scaled))
+                    self._step_params.append((key, out.row(dtypes[i], at + i * st.ROW, numels[i], lengths[i],
+                                                           r0 + i if r0 >= 0 else -1), scaled))
         return out
 
     def _flush(self, end_step: bool, count: bool = False, stop: bool = True) -> None:
@@ -719,6 +734,8 @@ class Tracer:
         self._fold_forward(step, summ)
         self._fold_backward(step, summ)
         self._gid0 = self._gid  # tensors measured before this transfer are measured again
+        if self._held is not None:  # every row so far has its owners now
+            self._sums.apply(self._held)
         if not end_step:
             self._sums.fold()
             keep = {g for c in self._stack if c is not None for g in c.ins}
@@ -768,18 +785,20 @@ class Tracer:
             step = c.step if c.step <= now else now  # calls made before a rebase belong to step 0
             agg = self._agg(c.key, "forward")
             agg.calls += 1
-            outs = None  # the summaries of its outputs that are not clean
+            outs = None  # the summaries of its non-finite outputs
+            wide = False  # a finite output past float16's range
             for g in c.outs:
                 r = clean.get(g)
                 if r is not None:
                     agg.add_row(r, step, sums, summ)
+                    wide = wide or r[5] >= _F16_LIMIT
                 else:
                     s = bad_rows.get(g)
                     if s is not None:
                         agg.add(s, step, sums)
                         outs = [s] if outs is None else outs + [s]
-            if outs is not None:  # an output with NaN, inf or values past float16's range
-                bad = [s for s in outs if not s.finite]
+            if outs is not None or wide:  # an output with NaN, inf or values past float16's range
+                bad = [s for s in outs or () if not s.finite]
                 if bad:
                     self._step_bad["forward"] = True
                     agg.mark(agg.nonfinite_steps, step)
@@ -788,8 +807,8 @@ class Tracer:
                             c.parent.child_origin = True
                         if not c.child_origin:
                             self._forward_origin(step, c, agg, bad, summ)
-                if any(s.overflow16 for s in outs) and \
-                        not any(bad_rows[g].overflow16 for g in c.ins if g in bad_rows):  # past fp16's range
+                if (wide or any(s.overflow16 for s in outs)) and \
+                        not any(summ.overflow16(g) for g in c.ins):  # past fp16's range
                     agg.mark(agg.exceed_steps, step)
             if c.child_origin and c.parent is not None:
                 c.parent.child_origin = True
@@ -898,21 +917,27 @@ class Tracer:
         # the loss
         loss_bad = False
         for gid in self._loss_gids:
-            s = summ.get(gid)
-            ok = self._fin.get(gid, True) if s is None else s.finite
+            r = summ.clean.get(gid)
+            if r is not None:  # finite: no summary needed
+                dtype, absmax, ok = r[1], r[5], True
+            else:
+                s = summ.bad.get(gid)
+                ok = self._fin.get(gid, True) if s is None else s.finite
+                dtype, absmax = (None, math.nan) if s is None else (s.dtype, s.absmax)
             la = self.loss
-            if s is not None:
-                la.dtypes.add(s.dtype)
-                if not math.isnan(s.absmax):
-                    la.absmax = max(la.absmax, s.absmax)
-                    la.nonzero = la.nonzero or s.absmax > 0
+            if dtype is not None:
+                la.dtypes.add(dtype)
+                if not math.isnan(absmax):
+                    la.absmax = max(la.absmax, absmax)
+                    la.nonzero = la.nonzero or absmax > 0
             if not ok:
                 loss_bad = True
                 ModuleAgg.mark(la.nonfinite_steps, step)
         if self._loss_gids and self.loss.last != step:  # steps with a loss (split steps count once)
             self.loss.steps += 1
             self.loss.last = step
-        grad_bad = next((summ[g] for g in self._gradres_gids if g in summ and not summ[g].finite), None)
+        bad_rows = summ.bad  # the non-finite ones
+        grad_bad = next((bad_rows[g] for g in self._gradres_gids if g in bad_rows and not bad_rows[g].finite), None)
         if grad_bad is not None and not self._step_bad["forward"]:
             # a gradient penalty or a double backward: its gradients were non-finite, and what the
             # loss made of them is not the loss code's doing
@@ -920,7 +945,7 @@ class Tracer:
                                     "nan" if grad_bad.nonfinite["nan"] else "inf", dtype=grad_bad.dtype,
                                     via="autograd.grad"))
         elif loss_bad and not self._step_bad["forward"]:
-            s = next((summ[g] for g in self._loss_gids if g in summ and not summ[g].finite), None)
+            s = next((bad_rows[g] for g in self._loss_gids if g in bad_rows and not bad_rows[g].finite), None)
             self._add_origin(Origin(step, "loss", None, "nonfinite",
                                     "nan" if s is not None and s.nonfinite["nan"] else "inf",
                                     dtype=s.dtype if s is not None else None))
@@ -934,13 +959,16 @@ class Tracer:
             pa.steps += 1
             pa.scaled = pa.scaled or scaled
             if type(s) is tuple:  # clean: finite, within float16's range (Measured.add)
-                at, dtype, numel, _, scale, a, _ = s
+                at, dtype, numel, _, scale, a, _, rid = s
                 pa.dtypes.add(dtype)
                 fp16 = fp16 or dtype == "float16"
                 pa.elements += numel
                 if a > pa.absmax:
                     pa.absmax = a
-                sums.put(pa.slot, at, scale, summ.src)
+                if rid >= 0:
+                    sums.own(rid, pa.slot, scale, a)
+                else:
+                    sums.put(pa.slot, at, scale, summ.src, a)
                 continue
             pa.dtypes.add(s.dtype)
             fp16 = fp16 or s.dtype == "float16"
@@ -1015,12 +1043,20 @@ class Tracer:
         return o
 
     # -- results --------------------------------------------------------------------------------
+    def _count_held(self) -> None:
+        """Count the rows the CPU's deferred batch holds, and give its block back."""
+        if self._held is not None:
+            self._sums.apply(self._held, finish=True)
+
     def settle(self) -> None:
         """Move the summed class counts into the aggregates' own lists (before reading them)."""
-        sums = self._sums.take()
+        self._count_held()
+        sums, lowest = self._sums.take()
         for agg in (*self.modules.values(), *self.params.values()):
             if agg.slot >= 0:
                 agg.counts = [x + y for x, y in zip(agg.counts, sums[agg.slot])]
+                if isinstance(agg, ModuleAgg) and lowest[agg.slot] < agg.min_nonzero:
+                    agg.min_nonzero = lowest[agg.slot]
 
     def report(self) -> dict:
         from ampdoctor.trace.findings import build_report
