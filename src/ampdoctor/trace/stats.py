@@ -152,6 +152,7 @@ class Batch:
         # full (``chunks``); ``rows()`` gives the extremes only, and the counts reach the
         # aggregates through ``CountSums.own``/``apply``. Rows have ids that grow over the trace.
         self.defer = defer and self.reuse
+        self.row_width = 2 if self.defer else ROW  # values per tensor in rows(): with defer, min and max
         self.ids = 0  # rows added so far
         self.base = 0  # the id of the first row since the last rows()
         self.first = 0  # the id of the block's first row
@@ -263,7 +264,7 @@ class Batch:
 
     def rows(self) -> torch.Tensor:
         """ROW values per tensor, in the order they were added, as one flat vector on the device
-        (with ``defer``: those added since the last call, their counts left at zero)."""
+        (with ``defer``: the two extremes of those added since the last call)."""
         if self.defer:
             return self._extremes_only()
         self._count_held()
@@ -288,8 +289,9 @@ class Batch:
         dtype = torch.float64 if torch.float64 in self.ext else torch.float32
         if not self.dtypes:
             return torch.zeros(0, dtype=dtype)
-        mm = self._buffered(dtype)
-        out = torch.cat([mm, _zeros(len(mm), ROW - 2, dtype)], dim=1).view(-1)
+        out = self._buffered(dtype).reshape(-1)  # a copy unless the dtypes were mixed
+        if out.data_ptr() == next(iter(self.ext.values())).buf.data_ptr():
+            out = out.clone()  # the buffers serve the next step
         for ex in self.ext.values():
             _Extremes.put_back(self.device, ex)
         self.ext, self.dtypes, self.base = {}, [], self.ids
@@ -382,15 +384,7 @@ class _Extremes:
 
 # values per block: reused on the CPU (True), fresh elsewhere, counted later (the tracer's CPU batch)
 _BLOCK = {True: 1 << 16, False: 1 << 22, "defer": 1 << 18}
-_ZEROS: dict[torch.dtype, torch.Tensor] = {}
 
-
-def _zeros(n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
-    """[n, k] zeros on the CPU (a view of a kept tensor)."""
-    z = _ZEROS.get(dtype)
-    if z is None or len(z) < n or z.shape[1] != k:
-        z = _ZEROS[dtype] = torch.zeros(max(n, 1024), k, dtype=dtype)
-    return z[:n]
 _SPARE: dict[torch.device, tuple] = {}  # a counted CPU block (zeroed) and its rows, for the next
 #                                       step: a fresh one costs the host page faults every step
 _ORDERS: dict[tuple, torch.Tensor] = {}
@@ -729,7 +723,8 @@ class Measured:
             self.bad[gid] = r
 
     def row(self, dtype: str, at: int, numel: int, sampled_n: int, rid: int = -1) -> TensorSummary | tuple:
-        """The row at ``at`` of ``values``: its tuple when it is clean, else its summary."""
+        """The row at ``at`` of ``values`` (ROW values; with a row id, the two extremes only): its
+        tuple when it is clean, else its summary."""
         values = self.values
         vmin, vmax = values[at], values[at + 1]
         if -math.inf < vmin and vmax < math.inf:  # also False for NaN

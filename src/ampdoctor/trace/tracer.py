@@ -672,21 +672,23 @@ class Tracer:
         flat = []
         start: dict[torch.device, int] = {}
         rid: dict[torch.device, int] = {}  # a deferred batch's first row id in this transfer
+        width: dict[torch.device, int] = {}  # values per tensor
         pos = 0
         for dev in sorted(batches, key=str):
             batch = batches[dev]
             start[dev] = pos
             rid[dev] = batch.base if batch.defer else -1
-            pos += len(batch) * st.ROW
+            width[dev] = w = batch.row_width
+            pos += len(batch) * w
             flat.append(batch.rows())
         extra_at, extra_rid = [], []
         for x, what in parts:
-            extra_at.append(pos)
+            extra_at.append((pos, st.ROW))
             extra_rid.append(-1)
             flat.append(x)
             pos += x.numel()
         for dev, first, what in param_rows:
-            extra_at.append(start[dev] + first * st.ROW)
+            extra_at.append((start[dev] + first * width[dev], width[dev]))
             extra_rid.append(rid[dev] + first if rid[dev] >= 0 else -1)
             parts.append((None, what))
         if len({x.device for x in flat}) > 1:  # several devices: gather them on one first
@@ -700,22 +702,21 @@ class Tracer:
         values = host.tolist()
         self.transfers += 1
         out = st.Measured(values, host, self._held)
-        row, add, dtypes = st.ROW, out.add, set()
+        add, dtypes = out.add, set()
         for gid, dtype, numel, sampled, dev, slot in pending:
             r0 = rid[dev]
-            add(gid, dtype, start[dev] + slot * row, numel, sampled, r0 + slot if r0 >= 0 else -1)
+            add(gid, dtype, start[dev] + slot * width[dev], numel, sampled, r0 + slot if r0 >= 0 else -1)
             dtypes.add(dtype)
         self.dtypes_seen |= dtypes
-        for at, r0, (x, what) in zip(extra_at, extra_rid, parts):
-            vals = values[at: at + (x.numel() if x is not None else len(what[1]) * st.ROW)]
+        for (at, w), r0, (x, what) in zip(extra_at, extra_rid, parts):
             if what[0] == "scaler":
-                self._step_scaler.append(tuple(vals))
+                self._step_scaler.append(tuple(values[at: at + x.numel()]))
             elif what[0] == "compare":
-                self._comparer.fold(what[1], vals)
-            else:
+                self._comparer.fold(what[1], values[at: at + x.numel()])
+            else:  # parameter gradients: rows of w values
                 _, keys, dtypes, numels, lengths, scaled = what
                 for i, key in enumerate(keys):  # a summary, or a clean one's tuple (Measured.add)
-                    self._step_params.append((key, out.row(dtypes[i], at + i * st.ROW, numels[i], lengths[i],
+                    self._step_params.append((key, out.row(dtypes[i], at + i * w, numels[i], lengths[i],
                                                            r0 + i if r0 >= 0 else -1), scaled))
         return out
 
