@@ -333,6 +333,13 @@ def _user_frames(frame) -> list:
     return frames
 
 
+_LEAF_EXACT = frozenset(t for t in _LEAF_TYPES if t is not type(None)) | {type(None), torch.nn.Parameter}
+
+
+def _leaf(v) -> bool:
+    return type(v) in _LEAF_EXACT or isinstance(v, _LEAF_TYPES)
+
+
 def _find_roots(frame=None, tensors: dict | None = None) -> list[tuple[str | None, torch.nn.Module]]:
     """(label, module) for every module reachable from the script's globals and the running
     frames' locals, breadth first (so each gets its shortest label), within a budget. With
@@ -373,19 +380,20 @@ def _find_roots(frame=None, tensors: dict | None = None) -> list[tuple[str | Non
             continue
         if depth >= SEARCH_DEPTH or isinstance(obj, _LEAF_TYPES):
             continue
-        try:
+        try:  # leaves are dropped before their labels are made: most values are numbers and strings
             if isinstance(obj, dict):
-                items = [(f"{label}[{k!r}]", v) for k, v in list(dict.items(obj))[:256]]
+                queue += [(f"{label}[{k!r}]", v, depth + 1) for k, v in list(dict.items(obj))[:256]
+                          if not _leaf(v)]
             elif isinstance(obj, (list, tuple)):
-                items = [(f"{label}[{j}]", v) for j, v in enumerate(list(obj)[:256])]
+                queue += [(f"{label}[{j}]", v, depth + 1) for j, v in enumerate(list(obj)[:256]) if not _leaf(v)]
             else:
                 d = object.__getattribute__(obj, "__dict__") if hasattr(type(obj), "__dict__") else None
                 if not isinstance(d, dict):
                     continue
-                items = [(f"{label}.{k}", v) for k, v in list(dict.items(d))[:256] if isinstance(k, str)]
+                queue += [(f"{label}.{k}", v, depth + 1) for k, v in list(dict.items(d))[:256]
+                          if isinstance(k, str) and not _leaf(v)]
         except Exception:
             continue
-        queue += [(lab, v, depth + 1) for lab, v in items if not isinstance(v, _LEAF_TYPES)]
     if tensors is not None:
         for label, obj in starts:
             if isinstance(obj, torch.Tensor) and obj.requires_grad and id(obj) not in tensors:
