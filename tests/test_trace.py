@@ -450,6 +450,39 @@ def test_counts_summed_a_step_at_a_time_match_adding_each_tensor(script, monkeyp
     assert _rounded(fast["params"]) == _rounded(slow["params"])
 
 
+def _train_with_a_report_mid_step(steps, mid):
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(4, 8)
+    early = None
+    with Tracer() as t:
+        for i in range(steps):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x, ids=torch.arange(4))
+            out.logits.float().pow(2).mean().backward()
+            if i == mid:
+                early = t.report()  # rows of this step are counted but have no owners yet
+            opt.step()
+            opt.zero_grad()
+    return early, t.report()
+
+
+def test_deferred_counts_survive_small_blocks_and_a_report_in_the_middle_of_a_step(monkeypatch):
+    # The CPU's sample rows are counted a block at a time, blocks spanning steps. Blocks of 3 rows
+    # (every step crosses several) and a report asked for between backward and the optimizer
+    # step must give the counts of one big block and no report in between.
+    from ampdoctor.trace import stats as st
+
+    _, want = _train_with_a_report_mid_step(4, -1)
+    monkeypatch.setitem(st._BLOCK, "defer", 3 * st.SAMPLE_CPU)
+    early, got = _train_with_a_report_mid_step(4, 2)
+    assert "error" not in got.get("notes", {}) and "error" not in early.get("notes", {})
+    assert want["modules"] and _rounded(got["modules"]) == _rounded(want["modules"])
+    assert _rounded(got["params"]) == _rounded(want["params"])
+    assert sum(m["elements"] for m in early["modules"]) < sum(m["elements"] for m in got["modules"])
+
+
 @pytest.mark.parametrize("script", ["fp16_linear_overflow.py", "scaler_skips.py", "attention_overflow.py"])
 def test_the_accelerator_layout_gives_the_cpu_layouts_findings(script, monkeypatch):
     # No GPU here: run the accelerator code paths on the CPU (a fresh block each step, strided

@@ -586,6 +586,9 @@ class CountSums:
         """Add the counts of the deferred batch's counted blocks to the rows' owners. Called when
         a step has been folded: every row added before it has its owners by then."""
         chunks = batch.take_chunks(finish)
+        # rows added since the last transfer have no owners yet (a report asked for in the middle
+        # of a step): their blocks are kept for later
+        batch.chunks[:0] = [c for c in chunks if c[0] + len(c[1]) > batch.base]
         if not chunks or not self._own[0]:
             return
         lo, hi = chunks[0][0], chunks[-1][0] + len(chunks[-1][1])
