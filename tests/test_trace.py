@@ -451,16 +451,16 @@ def test_counts_summed_a_step_at_a_time_match_adding_each_tensor(script, monkeyp
 
 
 def _train_with_a_report_mid_step(steps, mid):
+    # an embedding of which 4 rows of 16 are used: 3/4 of its gradient is exactly zero; a ReLU
+    # makes zeros in the activations
     torch.manual_seed(0)
-    model = Model()
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x = torch.randn(4, 8)
+    ids = torch.tensor([[1, 3, 5, 7]])
     early = None
     with Tracer() as t:
         for i in range(steps):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                out = model(x, ids=torch.arange(4))
-            out.logits.float().pow(2).mean().backward()
+            model(ids).pow(2).mean().backward()
             if i == mid:
                 early = t.report()  # rows of this step are counted but have no owners yet
             opt.step()
@@ -470,11 +470,13 @@ def _train_with_a_report_mid_step(steps, mid):
 
 def test_deferred_counts_survive_small_blocks_and_a_report_in_the_middle_of_a_step(monkeypatch):
     # The CPU's sample rows are counted a block at a time, blocks spanning steps. Blocks of 3 rows
-    # (every step crosses several) and a report asked for between backward and the optimizer
-    # step must give the counts of one big block and no report in between.
+    # (every step crosses several, parameter gradients among them) and a report asked for
+    # between backward and the optimizer step must give the counts of one big block.
     from ampdoctor.trace import stats as st
 
     _, want = _train_with_a_report_mid_step(4, -1)
+    emb = next(p for p in want["params"] if p["param"] == "0.weight")
+    assert emb["zero_fraction"] == 0.75 and emb["steps"] == 4  # exact: 12 of 16 rows unused
     monkeypatch.setitem(st._BLOCK, "defer", 3 * st.SAMPLE_CPU)
     early, got = _train_with_a_report_mid_step(4, 2)
     assert "error" not in got.get("notes", {}) and "error" not in early.get("notes", {})

@@ -582,13 +582,13 @@ class CountSums:
         slots.append(slot)
         scales.append(scale)
 
-    def apply(self, batch: "Batch", finish: bool = False) -> None:
-        """Add the counts of the deferred batch's counted blocks to the rows' owners. Called when
-        a step has been folded: every row added before it has its owners by then."""
+    def apply(self, batch: "Batch", folded: int, finish: bool = False) -> None:
+        """Add the counts of the deferred batch's counted blocks to the rows' owners. Rows with
+        ids below ``folded`` have all their owners (their step has been folded); a block holding
+        later ones (a report asked for in the middle of a step, parameter gradients transferred
+        before their step ends) is kept for the next call."""
         chunks = batch.take_chunks(finish)
-        # rows added since the last transfer have no owners yet (a report asked for in the middle
-        # of a step): their blocks are kept for later
-        batch.chunks[:0] = [c for c in chunks if c[0] + len(c[1]) > batch.base]
+        batch.chunks[:0] = [c for c in chunks if c[0] + len(c[1]) > folded]
         if not chunks or not self._own[0]:
             return
         lo, hi = chunks[0][0], chunks[-1][0] + len(chunks[-1][1])

@@ -155,6 +155,7 @@ class Tracer:
         self._carry_hooked: dict[int, tuple[int, list[_Call]]] = {}
         self._flushes = 0
         self._held: st.Batch | None = None  # the CPU's deferred batch (its counts come later)
+        self._folded = 0  # its rows with smaller ids have all their owners
         self._reset_step()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -735,14 +736,15 @@ class Tracer:
         self._fold_forward(step, summ)
         self._fold_backward(step, summ)
         self._gid0 = self._gid  # tensors measured before this transfer are measured again
-        if self._held is not None:  # every row so far has its owners now
-            self._sums.apply(self._held)
         if not end_step:
             self._sums.fold()
             keep = {g for c in self._stack if c is not None for g in c.ins}
             self._fin = {g: self._fin[g] for g in keep if g in self._fin}
             return
         self._end_of_step(step, summ)
+        if self._held is not None:  # every row so far has its owners now
+            self._folded = self._held.ids
+            self._sums.apply(self._held, self._folded)
         self._sums.fold()
         # calls whose gradients have not arrived yet (a GAN's generator, backward after the next
         # step) are kept for the next CARRY steps
@@ -1047,7 +1049,7 @@ class Tracer:
     def _count_held(self) -> None:
         """Count the rows the CPU's deferred batch holds, and give its block back."""
         if self._held is not None:
-            self._sums.apply(self._held, finish=True)
+            self._sums.apply(self._held, self._folded, finish=True)
 
     def settle(self) -> None:
         """Move the summed class counts into the aggregates' own lists (before reading them)."""
