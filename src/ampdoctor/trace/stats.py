@@ -12,6 +12,12 @@ bucket edges; the two overflow thresholds (65,520 and about 3.39e38) fall inside
 which values overflow is settled by the exact extremes. Float32 subnormals below 2^-127 share
 the zero bucket. The counts are reduced to the classes of either format on the device, and the
 host reads them in the one device-to-host copy per optimizer step.
+
+On the CPU, where counting a block has a fixed cost of a dozen ops that a step's few hundred
+rows do not pay back, the tracer's batch keeps its block over many steps (``defer``): each step
+transfers only the extremes, which are all the step's analysis needs (NaN, inf, the float16
+range), and a block's counts reach the aggregates that own its rows when it is full or the trace
+ends (``CountSums.own``/``apply``). A tensor with NaN or inf has its row counted at once.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ GradScaler bookkeeping.
 
 Statistics stay on the device during a step; when the step ends (an optimizer step or
 ``scaler.update()``, or, until an optimizer has stepped, each iteration of the script's loop) all
-of them are
-copied to the host in one transfer and folded into per-module summaries. Names are resolved
+of them are copied to the host in one transfer and folded into per-module summaries (a finite
+tensor from a tuple of its figures, one with NaN or inf from a ``TensorSummary``; on the CPU the
+class counts follow a block of many steps at a time, see ``stats``). Names are resolved
 from the script's module trees when a step ends (see ``naming``). Nothing the tracer does can
 stop the traced program: an error inside the tracer is caught, reported once as a note, and
 tracing stops while the program goes on. Every hook and patch is removed in ``__exit__``, also
@@ -25,7 +26,7 @@ from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
 from ampdoctor.trace.naming import Namer, find_instances
 from ampdoctor.trace.patches import Patches
 from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord, add_counts
-from ampdoctor.trace.tensors import in_functorch_transform, skip_reason, tensors_in
+from ampdoctor.trace.tensors import _interpreter, skip_reason, tensors_in
 
 __all__ = ["StopTracing", "Tracer", "tensors_in"]
 
@@ -232,7 +233,7 @@ class Tracer:
                 self.compiled_in.add(self._stack[-1].key)  # its submodules ran compiled, unseen
             return None
         try:
-            if in_functorch_transform():
+            if _interpreter() is not None:  # inside torch.func transforms: wrappers valid only there
                 self._stack.append(None)
                 self._skip("modules inside torch.func transforms (vmap/grad)")
                 return None
@@ -270,7 +271,7 @@ class Tracer:
                 self._comparer is not None and self._comparer.shadowing:
             return None
         try:
-            if in_functorch_transform():
+            if _interpreter() is not None:
                 if self._stack and self._stack[-1] is None:
                     self._stack.pop()
                 return None
@@ -306,7 +307,7 @@ class Tracer:
         gin, call.gin = call.gin, None
         if kwargs:
             gin = self._measure_inputs(call, kwargs, gin)
-        grad_on = self.grads and torch.is_grad_enabled()
+        grad_on = self.grads and _grad_on()
         wants_grad = False
         hook = self._hook
         for t in tensors_in(output):
@@ -518,9 +519,9 @@ class Tracer:
                 continue
             keys, grads = by_dev.setdefault(g.device, ([], []))
             keys.append(self.namer.param_key(p))
-            grads.append(g.detach())
+            grads.append(g.detach() if g.requires_grad else g)  # a graph: create_graph=True
         for dev, (keys, grads) in by_dev.items():
-            dtypes = [_dtype_name(g.dtype) for g in grads]
+            dtypes = [_DTYPE_NAMES.get(g.dtype) or _dtype_name(g.dtype) for g in grads]
             numels = [g.numel() for g in grads]
             batch = self._batch(dev)
             if batch.width == pm.SAMPLE:  # rows as wide as the module tensors': counted with them
