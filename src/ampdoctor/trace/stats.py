@@ -210,6 +210,8 @@ class Batch:
                 if views is not None:  # a reused block: its rows' heads are views made once
                     head = self.heads.get((self.used, m))
                     if head is None:
+                        if len(self.heads) > 8192:  # a deferred block lives as long as the trace
+                            self.heads.clear()
                         head = self.heads[(self.used, m)] = row[:m]
                     row = head
                 else:
