@@ -46,15 +46,17 @@ class ModuleAgg:
     def classes(self) -> dict[str, dict[str, float]]:
         return st.counts_to_classes(self.counts)
 
-    def add(self, s: st.TensorSummary, step: int | None = None, sums: st.CountSums | None = None) -> None:
-        a = s.absmax
-        if step is not None:
-            self.add_point(step, a if s.finite else math.inf)
-        dtype = s.dtype
+    def _saw(self, dtype: str) -> None:
         if dtype not in self.dtypes:
             self.dtypes.add(dtype)
             if dtype not in LOW_PRECISION:
                 self.tensors_fp32 = True
+
+    def add(self, s: st.TensorSummary, step: int | None = None, sums: st.CountSums | None = None) -> None:
+        a = s.absmax
+        if step is not None:
+            self.add_point(step, a if s.finite else math.inf)
+        self._saw(s.dtype)
         if a != a:
             self.absmax = math.nan
         elif a > self.absmax:
@@ -66,30 +68,15 @@ class ModuleAgg:
 
     def add_row(self, r: tuple, step: int, sums: st.CountSums, m: st.Measured) -> None:
         """``add`` for a finite tensor, from its ``Measured`` tuple."""
-        at, dtype, numel, _, scale, a, lowest, rid = r
-        b = step - step % self.bucket
-        old = self.series.get(b)
-        if old is None or a > old:
-            self.series[b] = a
-            if len(self.series) > SERIES_POINTS:
-                self._rebucket(self.bucket * 2)
-        if dtype not in self.dtypes:
-            self.dtypes.add(dtype)
-            if dtype not in LOW_PRECISION:
-                self.tensors_fp32 = True
+        a, lowest = r[5], r[6]
+        self.add_point(step, a)
+        self._saw(r[1])
         if a > self.absmax:
             self.absmax = a
         if lowest < self.min_nonzero:
             self.min_nonzero = lowest
-        self.elements += numel
-        if self.slot < 0:  # no row in the sums: its own counts, now
-            s = m.summary(r)
-            self.counts = [x + y for x, y in zip(self.counts, s.counts)]
-            self.min_nonzero = min(self.min_nonzero, s.min_nonzero)
-        elif rid >= 0:  # counted later, with its block
-            sums.own(rid, self.slot, scale, a)
-        else:
-            sums.put(self.slot, at, scale, m.src, a)
+        self.elements += r[2]
+        add_row_counts(self, r, sums, m)
 
     def add_point(self, step: int, value: float) -> None:
         b = step - step % self.bucket
@@ -133,6 +120,21 @@ def add_counts(agg, s: st.TensorSummary, sums: st.CountSums | None) -> None:
             agg.counts = [x + y for x, y in zip(agg.counts, s.extra())]
     else:
         agg.counts = [x + y for x, y in zip(agg.counts, s.counts)]
+
+
+def add_row_counts(agg, r: tuple, sums: st.CountSums, m: st.Measured) -> None:
+    """``add_counts`` for a finite tensor's ``Measured`` tuple: to the aggregate's row of ``sums``,
+    now (``put``) or when the deferred CPU block holding it is counted (``own``)."""
+    at, scale, a, rid = r[0], r[4], r[5], r[7]
+    if agg.slot < 0:  # no row in the sums: its own counts, now
+        s = m.summary(r)
+        agg.counts = [x + y for x, y in zip(agg.counts, s.counts)]
+        if isinstance(agg, ModuleAgg):
+            agg.min_nonzero = min(agg.min_nonzero, s.min_nonzero)
+    elif rid >= 0:
+        sums.own(rid, agg.slot, scale, a)
+    else:
+        sums.put(agg.slot, at, scale, m.src, a)
 
 
 @dataclass

@@ -287,23 +287,24 @@ class Batch:
             mm = groups[0] if len(groups) == 1 else torch.cat(groups).index_select(0, self._order())
         counted = self.counted[0] if len(self.counted) == 1 else torch.cat(self.counted)
         out = torch.cat([mm.view(-1, 2), counted if counted.dtype is dtype else counted.to(dtype)], dim=1).view(-1)
-        if self.ext is not None:  # copied out above: the buffers serve the next step
-            for ex in self.ext.values():
-                _Extremes.put_back(self.device, ex)
-            self.ext = {}
+        if self.ext is not None:  # copied out above
+            self._release_extremes()
         return out
 
     def _extremes_only(self) -> torch.Tensor:
         dtype = torch.float64 if torch.float64 in self.ext else torch.float32
         if not self.dtypes:
             return torch.zeros(0, dtype=dtype)
-        out = self._buffered(dtype).reshape(-1)  # a copy unless the dtypes were mixed
-        if out.data_ptr() == next(iter(self.ext.values())).buf.data_ptr():
-            out = out.clone()  # the buffers serve the next step
+        out = self._buffered(dtype, fresh=True).view(-1)
+        self._release_extremes()
+        self.dtypes, self.base = [], self.ids
+        return out
+
+    def _release_extremes(self) -> None:
+        """The per-dtype extremes buffers serve the next step (their values have been copied)."""
         for ex in self.ext.values():
             _Extremes.put_back(self.device, ex)
-        self.ext, self.dtypes, self.base = {}, [], self.ids
-        return out
+        self.ext = {}
 
     def counts_of(self, rid: int) -> list[float]:
         """The counts and smallest nonzero magnitude (NCOUNTS + 1 values) of the row with id ``rid``
@@ -327,19 +328,19 @@ class Batch:
         chunks, self.chunks = self.chunks, []
         return chunks
 
-    def _buffered(self, dtype: torch.dtype) -> torch.Tensor:
-        """[n, 2] extremes in the tensors' order, from the per-dtype buffers."""
+    def _buffered(self, dtype: torch.dtype, fresh: bool = False) -> torch.Tensor:
+        """[n, 2] extremes in the tensors' order, from the per-dtype buffers (a view of one of
+        them unless ``fresh`` or the dtypes were mixed)."""
         n = len(self.dtypes)
         exs = list(self.ext.items())
-        mm = exs[0][1].buf[:n]
+        mm = exs[0][1].buf[:n].to(dtype, copy=fresh or len(exs) > 1)
         if len(exs) > 1:  # each dtype's rows from its own buffer
-            mm = mm.to(dtype, copy=True)
             key = tuple(self.dtypes)
             for dt, ex in exs[1:]:
                 rows = _memo(_ORDERS, (key, dt), lambda: torch.tensor(
                     [i for i, d in enumerate(self.dtypes) if d is dt], dtype=torch.int64))
                 mm.index_copy_(0, rows, ex.buf.index_select(0, rows).to(dtype))
-        return mm if mm.dtype is dtype else mm.to(dtype)
+        return mm
 
     def _order(self) -> torch.Tensor:
         """Where each (min, max) pair of the per-dtype stacks lands in the order of the tensors."""
@@ -548,14 +549,13 @@ class CountSums:
         self.sums = torch.zeros(256, NCOUNTS, dtype=torch.float64)
         self.lowest = torch.full((256,), math.inf, dtype=torch.float64)  # smallest nonzero magnitude (deferred rows)
         self.n = 0
-        self._own: tuple[list[int], list[int], list[float]] = ([], [], [])  # deferred rows: id, slot, scale
+        self._own: tuple[list, ...] = ([], [], [], [])  # deferred rows: id, slot, scale, absmax
         self._src: torch.Tensor | None = None  # the transfer the recorded rows are in
         self._layouts: dict[tuple, tuple] = {}
         self._slots: list[int] = []
         self._ats: list[int] = []
         self._scales: list[float] = []
         self._wide: list[tuple[int, float]] = []  # (entry, absmax) of finite rows past a format's range
-        self._own_wide: list[tuple[int, float]] = []  # the same for the deferred rows
 
     def slot(self) -> int:
         """A new aggregate's row."""
@@ -583,12 +583,11 @@ class CountSums:
     def own(self, rid: int, slot: int, scale: float, absmax: float = 0.0) -> None:
         """Row ``rid`` of the deferred batch belongs to ``slot``: its counts, times ``scale``, and
         its smallest nonzero magnitude are added when its block has been counted (``apply``)."""
-        rows, slots, scales = self._own
-        if absmax >= _LOWEST_OVERFLOW:
-            self._own_wide.append((len(rows), absmax))
+        rows, slots, scales, absmaxes = self._own
         rows.append(rid)
         slots.append(slot)
         scales.append(scale)
+        absmaxes.append(absmax)
 
     def apply(self, batch: "Batch", folded: int, finish: bool = False) -> None:
         """Add the counts of the deferred batch's counted blocks to the rows' owners. Rows with
@@ -601,21 +600,19 @@ class CountSums:
             return
         lo, hi = chunks[0][0], chunks[-1][0] + len(chunks[-1][1])
         counted = chunks[0][1] if len(chunks) == 1 else torch.cat([c for _, c in chunks])
-        rows, slots, scales = self._own
-        wide = self._own_wide
+        own = self._own
+        rows = own[0]
         if max(rows) < hi and min(rows) >= lo:  # the usual case: all of them
-            self._own, self._own_wide = ([], [], []), []
+            self._own = ([], [], [], [])
         else:
             ready = [i for i, r in enumerate(rows) if lo <= r < hi]
             later = [i for i, r in enumerate(rows) if r >= hi]
-            self._own = ([rows[i] for i in later], [slots[i] for i in later], [scales[i] for i in later])
-            where = {i: j for j, i in enumerate(later)}
-            self._own_wide = [(where[i], a) for i, a in wide if i in where]
-            where = {i: j for j, i in enumerate(ready)}
-            wide = [(where[i], a) for i, a in wide if i in where]
-            rows, slots, scales = [rows[i] for i in ready], [slots[i] for i in ready], [scales[i] for i in ready]
-            if not rows:
+            self._own = tuple([col[i] for i in later] for col in own)
+            own = tuple([col[i] for i in ready] for col in own)
+            if not ready:
                 return
+        rows, slots, scales, absmaxes = own
+        wide = [(i, a) for i, a in enumerate(absmaxes) if a >= _LOWEST_OVERFLOW]
         at = torch.tensor(rows, dtype=torch.int64).sub_(lo)
         slot = torch.tensor(slots, dtype=torch.int64)
         vals = counted.index_select(0, at).to(torch.float64)
@@ -775,13 +772,9 @@ class Measured:
         """Some value is finite but past float16's range (absent: False)."""
         r = self.clean.get(gid)
         if r is not None:  # finite: the extremes say it
-            return r[5] >= _F16_LIMIT
+            return r[5] >= F16_LIMIT
         s = self.bad.get(gid)
         return s is not None and s.overflow16
-
-    def __len__(self) -> int:
-        return len(self.clean) + len(self.bad)
-
 
 def _counts(s: TensorSummary) -> list[float]:
     """The class counts of a summary: its row's, scaled to all its values, and corrected by the
@@ -811,5 +804,5 @@ def _counts(s: TensorSummary) -> list[float]:
 _NAN, _PINF, _NINF, _OVERFLOW, _NORMAL = (CLASSES.index(c) for c in ("nan", "pinf", "ninf", "overflow", "normal"))
 _LOWEST_OVERFLOW = min(f.overflow for f in FORMATS.values())
 _F16_OVERFLOW = index_of("float16", "overflow")
-_F16_LIMIT = FORMATS["float16"].overflow
+F16_LIMIT = FORMATS["float16"].overflow  # |x| at or past it is inf in float16
 _COUNT_COLUMNS = torch.arange(2, 2 + NCOUNTS, dtype=torch.int64)  # where the counts are in a row

@@ -25,7 +25,7 @@ from ampdoctor.trace import stats as st
 from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
 from ampdoctor.trace.naming import Namer, find_instances
 from ampdoctor.trace.patches import Patches
-from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord, add_counts
+from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord, add_counts, add_row_counts
 from ampdoctor.trace.tensors import _interpreter, skip_reason, tensors_in
 
 __all__ = ["StopTracing", "Tracer", "tensors_in"]
@@ -39,7 +39,6 @@ except AttributeError:  # pragma: no cover - older torch
 _current_node = torch._C._current_autograd_node
 _set_grad = torch._C._set_grad_enabled
 _grad_on = torch.is_grad_enabled
-_F16_LIMIT = FORMATS["float16"].overflow  # |x| at or past it is inf in float16
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -795,7 +794,7 @@ class Tracer:
                 r = clean.get(g)
                 if r is not None:
                     agg.add_row(r, step, sums, summ)
-                    wide = wide or r[5] >= _F16_LIMIT
+                    wide = wide or r[5] >= st.F16_LIMIT
                 else:
                     s = bad_rows.get(g)
                     if s is not None:
@@ -962,17 +961,14 @@ class Tracer:
                 pa = self.params[key] = ParamAgg(key, slot=self._sums.slot())
             pa.steps += 1
             pa.scaled = pa.scaled or scaled
-            if type(s) is tuple:  # clean: finite, within float16's range (Measured.add)
-                at, dtype, numel, _, scale, a, _, rid = s
+            if type(s) is tuple:  # finite: its Measured tuple
+                dtype, a = s[1], s[5]
                 pa.dtypes.add(dtype)
                 fp16 = fp16 or dtype == "float16"
-                pa.elements += numel
+                pa.elements += s[2]
                 if a > pa.absmax:
                     pa.absmax = a
-                if rid >= 0:
-                    sums.own(rid, pa.slot, scale, a)
-                else:
-                    sums.put(pa.slot, at, scale, summ.src, a)
+                add_row_counts(pa, s, sums, summ)
                 continue
             pa.dtypes.add(s.dtype)
             fp16 = fp16 or s.dtype == "float16"
