@@ -26,7 +26,7 @@ from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
 from ampdoctor.trace.naming import Namer, find_instances
 from ampdoctor.trace.patches import Patches
 from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord, add_counts, add_row_counts
-from ampdoctor.trace.tensors import _interpreter, skip_reason, tensors_in
+from ampdoctor.trace.tensors import in_functorch_transform, skip_reason, tensors_in
 
 __all__ = ["StopTracing", "Tracer", "tensors_in"]
 
@@ -38,7 +38,6 @@ except AttributeError:  # pragma: no cover - older torch
 
 _current_node = torch._C._current_autograd_node
 _set_grad = torch._C._set_grad_enabled
-_grad_on = torch.is_grad_enabled
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -232,7 +231,7 @@ class Tracer:
                 self.compiled_in.add(self._stack[-1].key)  # its submodules ran compiled, unseen
             return None
         try:
-            if _interpreter() is not None:  # inside torch.func transforms: wrappers valid only there
+            if in_functorch_transform():
                 self._stack.append(None)
                 self._skip("modules inside torch.func transforms (vmap/grad)")
                 return None
@@ -270,7 +269,7 @@ class Tracer:
                 self._comparer is not None and self._comparer.shadowing:
             return None
         try:
-            if _interpreter() is not None:
+            if in_functorch_transform():
                 if self._stack and self._stack[-1] is None:
                     self._stack.pop()
                 return None
@@ -306,7 +305,7 @@ class Tracer:
         gin, call.gin = call.gin, None
         if kwargs:
             gin = self._measure_inputs(call, kwargs, gin)
-        grad_on = self.grads and _grad_on()
+        grad_on = self.grads and torch.is_grad_enabled()
         wants_grad = False
         hook = self._hook
         for t in tensors_in(output):
@@ -395,7 +394,7 @@ class Tracer:
         if batch is None:
             batch = self._batch(dev)
         slot = len(batch.dtypes)
-        if _grad_on():  # the measuring ops must not join the autograd graph
+        if torch.is_grad_enabled():  # the measuring ops must not join the autograd graph
             _set_grad(False)
             try:
                 n, sampled = batch.add(t)
@@ -404,7 +403,7 @@ class Tracer:
         else:
             n, sampled = batch.add(t)
         self._gid += 1
-        self._pending.append((self._gid, _DTYPE_NAMES.get(t.dtype) or _dtype_name(t.dtype), n, sampled, dev, slot))
+        self._pending.append((self._gid, _dtype_name(t.dtype), n, sampled, dev, slot))
         return self._gid
 
     def _batch(self, dev: torch.device) -> st.Batch:
@@ -520,7 +519,7 @@ class Tracer:
             keys.append(self.namer.param_key(p))
             grads.append(g.detach() if g.requires_grad else g)  # a graph: create_graph=True
         for dev, (keys, grads) in by_dev.items():
-            dtypes = [_DTYPE_NAMES.get(g.dtype) or _dtype_name(g.dtype) for g in grads]
+            dtypes = [_dtype_name(g.dtype) for g in grads]
             numels = [g.numel() for g in grads]
             batch = self._batch(dev)
             if batch.width == pm.SAMPLE:  # rows as wide as the module tensors': counted with them
