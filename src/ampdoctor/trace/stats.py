@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -549,7 +550,7 @@ class CountSums:
         self.sums = torch.zeros(256, NCOUNTS, dtype=torch.float64)
         self.lowest = torch.full((256,), math.inf, dtype=torch.float64)  # smallest nonzero magnitude (deferred rows)
         self.n = 0
-        self._own: tuple[list, ...] = ([], [], [], [])  # deferred rows: id, slot, scale, absmax
+        self._own = _owners()  # deferred rows: id, slot, scale, absmax
         self._src: torch.Tensor | None = None  # the transfer the recorded rows are in
         self._layouts: dict[tuple, tuple] = {}
         self._slots: list[int] = []
@@ -601,22 +602,24 @@ class CountSums:
         lo, hi = chunks[0][0], chunks[-1][0] + len(chunks[-1][1])
         counted = chunks[0][1] if len(chunks) == 1 else torch.cat([c for _, c in chunks])
         own = self._own
-        rows = own[0]
-        if max(rows) < hi and min(rows) >= lo:  # the usual case: all of them
-            self._own = ([], [], [], [])
+        # a block holds the rows of many steps: its owners are selected with tensor ops over the
+        # columns' buffers, not a Python pass over each row
+        rows, slot, scale, absmax = (torch.frombuffer(col, dtype=dt).clone()
+                                     for col, dt in zip(own, _OWN_DTYPES))
+        ready = (rows >= lo) & (rows < hi)
+        if bool(ready.all()):  # the usual case: all of them
+            self._own = _owners()
         else:
-            ready = [i for i, r in enumerate(rows) if lo <= r < hi]
-            later = [i for i, r in enumerate(rows) if r >= hi]
-            self._own = tuple([col[i] for i in later] for col in own)
-            own = tuple([col[i] for i in ready] for col in own)
-            if not ready:
+            later = (rows >= hi).nonzero().view(-1).tolist()  # rows of the step still being counted
+            self._own = _owners([[col[i] for i in later] for col in own])
+            ready = ready.nonzero().view(-1)
+            if not len(ready):
                 return
-        rows, slots, scales, absmaxes = own
-        wide = [(i, a) for i, a in enumerate(absmaxes) if a >= _LOWEST_OVERFLOW]
-        at = torch.tensor(rows, dtype=torch.int64).sub_(lo)
-        slot = torch.tensor(slots, dtype=torch.int64)
-        vals = counted.index_select(0, at).to(torch.float64)
-        counts = vals[:, :NCOUNTS].mul_(torch.tensor(scales, dtype=torch.float64).unsqueeze(1))
+            rows, slot, scale, absmax = (x.index_select(0, ready) for x in (rows, slot, scale, absmax))
+        wide = (absmax >= _LOWEST_OVERFLOW).nonzero().view(-1)
+        wide = list(zip(wide.tolist(), absmax.index_select(0, wide).tolist())) if len(wide) else []
+        vals = counted.index_select(0, rows.sub_(lo)).to(torch.float64)
+        counts = vals[:, :NCOUNTS].mul_(scale.unsqueeze(1))
         self.sums.index_add_(0, slot, correct(counts, wide))
         self.lowest.scatter_reduce_(0, slot, vals[:, NCOUNTS], "amin")
 
@@ -641,6 +644,14 @@ class CountSums:
         self.sums.zero_()
         self.lowest.fill_(math.inf)
         return out, low
+
+
+_OWN_DTYPES = (torch.int64, torch.int64, torch.float64, torch.float64)
+
+
+def _owners(cols=((), (), (), ())) -> tuple[array, ...]:
+    """The columns of ``CountSums``' deferred rows (id, slot, scale, absmax), as flat buffers."""
+    return tuple(array(code, col) for code, col in zip("qqdd", cols))
 
 
 def correct(counts: torch.Tensor, wide: list[tuple[int, float]]) -> torch.Tensor:
