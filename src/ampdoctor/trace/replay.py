@@ -159,14 +159,19 @@ def copy_module(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _rng():
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     return torch.get_rng_state(), cuda
+
+
+_CUDA: list[bool] = []  # whether CUDA is available, asked once per process
 
 
 def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
     out = []
+    if not _CUDA:
+        _CUDA.append(torch.cuda.is_available())
     for dev in ("cpu", "cuda"):
-        if dev == "cuda" and not torch.cuda.is_available():
+        if dev == "cuda" and not _CUDA[0]:
             continue
         try:
             out.append((dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))

@@ -3,8 +3,9 @@
 Per step it looks only at what the run computes anyway: whether the GradScaler skipped the
 optimizer step (its own inf check decided that, and its own host sync told it) and whether the
 loss was finite (one on-device comparison, read back without waiting: on CUDA through a
-non-blocking copy into pinned memory, looked at once it has landed). No module hooks run, and
-nothing is copied to the host in a step that is healthy.
+non-blocking copy into pinned memory, looked at once it has landed; a one-value loss already in
+host memory is read where it is). Only the top-level modules have hooks, and nothing is copied
+to the host in a step that is healthy.
 
 It keeps, for the current step only, references to what a replay needs: the arguments of each
 call of the script's top-level modules, the RNG and autocast state just before it, and the
@@ -19,6 +20,7 @@ that step would, with the run's own step numbers.
 
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -31,6 +33,9 @@ from ampdoctor.trace.patches import Swaps, scaler_classes
 from ampdoctor.trace.tensors import skip_reason, tensors_in
 from ampdoctor.trace.tracer import StopTracing, Tracer
 
+
+
+_HOST_READABLE = (torch.float32, torch.float64, torch.float16)  # dtypes numpy reads
 
 
 @dataclass
@@ -93,6 +98,7 @@ class Watcher:
         self._scaled = False  # an enabled scaler stepped in this step: its update() ends the step
         self._loss_bad: torch.Tensor | None = None  # on the device: a non-finite loss was seen
         self._loss_host: list = []  # (pinned host copy, event) waiting to be read
+        self._loss_cpu_bad = False  # a loss on the CPU was not finite (read at once: no device to wait for)
         self._replaying = False
         self._tracer_done = False
 
@@ -192,6 +198,11 @@ class Watcher:
         for t in tensors_in(tensors):
             if skip_reason(t) is not None or not t.is_floating_point():
                 continue
+            if t.dtype in _HOST_READABLE and t.device.type == "cpu" and t.numel() == 1:
+                # a loss in host memory is read where it is (as the flag of a loss on a device is
+                # once it has landed): no op, nothing to wait for
+                self._loss_cpu_bad = self._loss_cpu_bad or not math.isfinite(t.detach().numpy().item())
+                continue
             bad = torch.isfinite(t.detach()).logical_not().any()
             self._loss_bad = bad if self._loss_bad is None else self._loss_bad.logical_or(bad)
 
@@ -205,15 +216,17 @@ class Watcher:
                 ev = torch.cuda.Event()
                 ev.record()
                 self._loss_host.append((host, ev))
-            else:  # on the CPU the value is already here
+            else:
                 self._loss_host.append((bad, None))
-        if self.trigger is None and self._loss_landed():
+        if self.trigger is None and (self._loss_cpu_bad or self._loss_host and self._loss_landed()):
+            self._loss_cpu_bad = False
             self._trouble("the loss is not finite")
 
     def _loss_landed(self) -> bool:
         """Whether a loss flag that has reached the host says non-finite (flags still on their
         way are looked at later)."""
-        bad, waiting = False, []
+        bad, waiting = self._loss_cpu_bad, []
+        self._loss_cpu_bad = False
         for host, ev in self._loss_host:
             if ev is not None and not ev.query():
                 waiting.append((host, ev))
@@ -300,8 +313,12 @@ class Watcher:
         outs = list(tensors_in(output))
         snap.grads = [None] * len(outs)
         for i, t in enumerate(outs):
-            if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() <= self.MAX_GRAD_NUMEL:
-                t.register_hook(_keep(snap.grads, i))
+            node = t.grad_fn if isinstance(t, torch.Tensor) else None
+            if node is not None and t.numel() <= self.MAX_GRAD_NUMEL:
+                try:  # a pre-hook of the node that made it, for its gradient: what register_hook does, for less
+                    node.register_prehook(_keep(snap.grads, i, t.output_nr))
+                except (AttributeError, RuntimeError):  # a node kind without pre-hooks
+                    t.register_hook(_keep(snap.grads, i))
         return None
 
     # -- trouble -----------------------------------------------------------------------------------
@@ -396,8 +413,10 @@ def _unwrapped(fn):
     return fn
 
 
-def _keep(store: list, i: int):
+def _keep(store: list, i: int, nr: int | None = None):
     def hook(grad):
+        if nr is not None:  # a node pre-hook: the gradients of all the node's outputs
+            grad = grad[nr] if nr < len(grad) else None
         store[i] = grad
         return None
     return hook
