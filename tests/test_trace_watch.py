@@ -117,6 +117,29 @@ def test_a_non_finite_loss_without_a_scaler_is_replayed_before_the_update():
     assert rep["first_nonfinite"]["phase"] == "input" and rep["first_nonfinite"]["step"] == 7
 
 
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "vector"])
+def test_a_non_finite_loss_is_seen_whatever_its_dtype_and_shape(kind):
+    # a one-value float32 loss is read where it is; a bf16 one (numpy has no bfloat16) and a
+    # loss of several values are checked with ops: the three start the trace at the same step
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    w = Watcher(trace_steps=1)
+    with w:
+        for step in range(8):
+            out = model(torch.randn(8, 4))
+            loss = out.pow(2).mean(0) if kind == "vector" else out.pow(2).mean()
+            if kind == "bfloat16":
+                loss = loss.to(torch.bfloat16)
+            if step == 5:
+                loss = loss * float("inf")
+            loss.backward(torch.ones_like(loss) if kind == "vector" else None)
+            opt.step()
+            opt.zero_grad()
+    assert w.trigger == {"step": 5, "reason": "the loss is not finite"}
+    assert w.report()["first_nonfinite"]["step"] == 5
+
+
 def test_the_replay_puts_back_the_rng_and_the_buffers():
     # the forward is healthy and replayed in train mode (BatchNorm counts a batch, Dropout draws);
     # the run goes on exactly as without the watch
