@@ -3,12 +3,16 @@ torch.autograd.detect_anomaly, on a GPT-like model with eager attention in two s
 and the small one in an evaluation loop (forward under no_grad).
 
     python benchmarks/trace_bench.py [--reps 15] [--block 5] [--device cpu|cuda]
+                                     [--modes-reps 20] [--modes-block 20]
                                      [--only compute|overhead|ranks|modes]
                                      [--amp auto|fp16|bf16|off] [--ranks 2]
 
 The modes section trains the overhead-bound model with every mode of the tracer (full, ``--watch``
 and, under autocast, ``--compare fp32``) beside the peers, in float32 and under autocast (fp16 on
-CUDA, bf16 on the CPU).
+CUDA, bf16 on the CPU), in blocks long enough to reach the steady state of a long run; besides
+the median step it gives the steady step (the median of the blocks' mean steps, each block's first
+step left out), which counts what the tracer does only now and then. On a CPU whose bf16 matmuls
+are slow, the autocast table uses ``--block``/``--reps``.
 
 ``--ranks N`` (default 2, 0 to skip) adds a DDP job of N processes over gloo on the CPU: each rank
 times untraced and traced steps of the overhead-bound model, interleaved, and counts the
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import math
+import random
 import statistics
 import sys
 import time
@@ -142,15 +148,22 @@ def _train_step(model, opt, idx, dev, amp_dtype):
     return step
 
 
-def _interleaved(configs, run, sync, n, warmup, reps) -> dict[str, list[float]]:
+def _interleaved(configs, run, sync, n, warmup, reps, later=None) -> dict[str, list[float]]:
     """Per-call times of ``run`` under each configuration: blocks of n calls inside one context
-    (its set-up and tear-down not timed), the configurations' blocks interleaved, rotating which
-    goes first; the first ``warmup`` rounds are not kept."""
+    (its set-up and tear-down not timed), the configurations' blocks interleaved in a new order
+    each round (seeded: a block runs after a different one each time, so what one leaves behind
+    in the caches and the allocator is not always charged to the same one); the first ``warmup``
+    rounds are not kept. ``later``, when given, also gets each configuration's blocks: the mean
+    call of each, without its first call (the steady state of a long run)."""
     times = {k: [] for k in configs}
+    if later is not None:
+        later.update({k: [] for k in configs})
+    shuffle = random.Random(0).shuffle
     for rep in range(warmup + reps):
         order = list(configs)
-        order = order[rep % len(order):] + order[: rep % len(order)]
+        shuffle(order)
         for name in order:
+            gc.collect()  # the garbage of the block before is not this block's cost
             with configs[name]():
                 for _ in range(n):
                     sync()
@@ -159,6 +172,8 @@ def _interleaved(configs, run, sync, n, warmup, reps) -> dict[str, list[float]]:
                     sync()
                     if rep >= warmup:
                         times[name].append(time.perf_counter() - t0)
+            if rep >= warmup and later is not None and n > 1:
+                later[name].append(statistics.mean(times[name][1 - n:]))
     return times
 
 
@@ -203,6 +218,9 @@ def main() -> None:
     ap.add_argument("--only", choices=["compute", "overhead", "ranks", "modes"], help="run one of the sections")
     ap.add_argument("--ranks", type=int, default=2, help="processes of the DDP (gloo) section; 0 skips it")
     ap.add_argument("--block", type=int, default=5, help="steps per block inside one context")
+    ap.add_argument("--modes-block", type=int, default=20,
+                    help="steps per block in the modes tables (long enough to reach the steady state)")
+    ap.add_argument("--modes-reps", type=int, default=20, help="blocks per configuration in the modes tables")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's choice)")
     ap.add_argument("--compute-reps", type=int, default=0,
@@ -231,8 +249,9 @@ def main() -> None:
                 + (" (this CPU's bf16 matmuls are slow enough to hide any overhead)" if args.amp == "auto" else ""))
              + ". Evaluation: the forward pass alone under no_grad, with no optimizer in the process. "
                f"Each tool's context is entered once per block of {args.block} steps and the steps are "
-               f"timed inside it; the blocks of the configurations are interleaved, {args.reps} blocks each "
-               f"after {args.warmup} warm-up blocks, and the table gives the median step.", ""]
+               f"timed inside it; the blocks of the configurations are interleaved in a new (seeded) order "
+               f"each round, {args.reps} blocks each after {args.warmup} warm-up blocks, Python's garbage is "
+               "collected before each block (untimed), and the table gives the median step.", ""]
     for label, cfg in SIZES.items():
         if args.only and not label.startswith(args.only):
             continue
@@ -281,8 +300,8 @@ def main() -> None:
             bench_env.write_results(f"trace-modes-{args.device}", "\n".join(
                 [f"## Tracer modes ({date.today().isoformat()}, {args.device})", "",
                  f"Machine: {bench_env.machine()}; torch {torch.__version__}, {torch.get_num_threads()} torch "
-                 f"thread(s). {args.reps} interleaved blocks of {args.block} steps per configuration after "
-                 f"{args.warmup} warm-up blocks; median step.", "", *section]))
+                 f"thread(s). Interleaved blocks, in a new (seeded) order each round, after {args.warmup} "
+                 "warm-up rounds; Python's garbage is collected before each block (untimed).", "", *section]))
     if args.ranks > 1 and args.only in (None, "ranks"):
         section = ranks_section(args, amp_dtype)
         lines += section
@@ -361,6 +380,7 @@ def _timed_blocks(args, amp_dtype, wrap=None, rank=0):
     for rep in range(args.warmup + args.reps):
         for name in (list(configs) if rep % 2 == 0 else list(configs)[::-1]):
             current[0] = name
+            gc.collect()
             with configs[name]():
                 for _ in range(args.block):
                     t0 = time.perf_counter()
@@ -468,20 +488,29 @@ def _modes_table(args, dev, DebugUnderflowOverflow, amp_dtype) -> list[str]:
         configs["HF DebugUnderflowOverflow"] = lambda: HFContext(model, DebugUnderflowOverflow)
     import warnings
     warnings.filterwarnings("ignore")
-    times = _interleaved(configs, step, sync, args.block, args.warmup, args.reps)
+    slow = amp_dtype is not None and dev.type == "cpu" and not bf16_is_fast(dev)
+    block, reps = (args.block, args.reps) if slow else (args.modes_block, args.modes_reps)
+    steady: dict[str, list[float]] = {}
+    times = _interleaved(configs, step, sync, block, args.warmup, reps, later=steady)
     syncs = _step_sync_cells(configs, step)
     base = statistics.median(times["untraced"])
+    base_steady = statistics.median(steady["untraced"])
     how = "in float32, no autocast" if amp_dtype is None else \
         f"under {'fp16' if amp_dtype == torch.float16 else 'bf16'} autocast"
     out = [f"### modes, overhead-bound model trained {how} ({cfg['layers']} layers, d={cfg['d']}, "
            f"{cfg['heads']} heads, seq {cfg['seq']}, batch {cfg['batch']})", "",
-           "| configuration | median step | added per step | ratio to untraced | host syncs per step |",
-           "|---|---|---|---|---|"]
+           f"{reps} blocks of {block} steps per configuration. Median step: over every step. Steady step: "
+           "the median, over the blocks, of a block's mean step without its first one (which pays the "
+           "context's set-up); unlike the median step it counts what a long run pays only now and then, "
+           "such as the tracer counting a block of samples.", "",
+           "| configuration | median step | added per step | ratio to untraced | steady step | ratio "
+           "| host syncs per step |",
+           "|---|---|---|---|---|---|---|"]
     for name in configs:
-        med = statistics.median(times[name])
+        med, typical = statistics.median(times[name]), statistics.median(steady[name])
         out.append(f"| {name} | {med * 1000:.1f} ms | {(med - base) * 1000:+.1f} ms | {med / base:.2f}x | "
-                   f"{syncs[name]} |")
-    if amp_dtype is not None and dev.type == "cpu" and not bf16_is_fast(dev):
+                   f"{typical * 1000:.1f} ms | {typical / base_steady:.2f}x | {syncs[name]} |")
+    if slow:
         out += ["", "This CPU has no native 16-bit matmuls (autocast's run about 30 times slower than float32 "
                 "ones here), so the untraced step is compute-bound and the ratios are small; the added "
                 "milliseconds compare the modes."]
@@ -491,7 +520,6 @@ def _modes_table(args, dev, DebugUnderflowOverflow, amp_dtype) -> list[str]:
 
 def evaluation(model, idx, dev, amp_dtype, args, label, DebugUnderflowOverflow, sync) -> list[str]:
     """The forward pass alone under no_grad, as an eval loop runs it (no optimizer exists)."""
-    import gc
     gc.collect()
     model.eval()
 
