@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 import re
 import sys
@@ -163,15 +164,16 @@ def _rng():
     return torch.get_rng_state(), cuda
 
 
-_CUDA: list[bool] = []  # whether CUDA is available, asked once per process
+@functools.cache
+def _cuda_available() -> bool:
+    """Asked once per process: the answer does not change, and each step's snapshot needs it."""
+    return torch.cuda.is_available()
 
 
 def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
     out = []
-    if not _CUDA:
-        _CUDA.append(torch.cuda.is_available())
     for dev in ("cpu", "cuda"):
-        if dev == "cuda" and not _CUDA[0]:
+        if dev == "cuda" and not _cuda_available():
             continue
         try:
             out.append((dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))

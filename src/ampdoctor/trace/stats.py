@@ -787,6 +787,7 @@ class Measured:
         s = self.bad.get(gid)
         return s is not None and s.overflow16
 
+
 def _counts(s: TensorSummary) -> list[float]:
     """The class counts of a summary: its row's, scaled to all its values, and corrected by the
     exact extremes (at least one NaN, inf or overflow when they show one)."""

@@ -70,6 +70,17 @@ def _odd(t: torch.Tensor) -> str | None:
     return None
 
 
+def on_gradient(t: torch.Tensor, fn) -> None:
+    """Call ``fn`` with the gradient that flows into ``t`` (None for an output the loss did not
+    use), through a pre-hook of the node that made ``t``: what ``t.register_hook`` does, for less.
+    A node kind without pre-hooks gets ``t.register_hook``. ``fn`` returns None."""
+    node, nr = t.grad_fn, t.output_nr
+    try:
+        node.register_prehook(lambda grads: fn(grads[nr] if nr < len(grads) else None))
+    except (AttributeError, RuntimeError):
+        t.register_hook(fn)
+
+
 def tensors_in(obj, depth: int = 0) -> list:
     """Every tensor in a module's inputs or outputs: tuples, lists, dicts (``ModelOutput`` too),
     dataclasses and namedtuples, to a bounded depth; anything else is skipped."""

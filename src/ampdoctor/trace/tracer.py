@@ -26,7 +26,7 @@ from ampdoctor.trace.formats import FORMATS, LOW_PRECISION
 from ampdoctor.trace.naming import Namer, find_instances
 from ampdoctor.trace.patches import Patches
 from ampdoctor.trace.records import LossAgg, ModuleAgg, Origin, ParamAgg, StepRecord, add_counts, add_row_counts
-from ampdoctor.trace.tensors import in_functorch_transform, skip_reason, tensors_in
+from ampdoctor.trace.tensors import in_functorch_transform, on_gradient, skip_reason, tensors_in
 
 __all__ = ["StopTracing", "Tracer", "tensors_in"]
 
@@ -423,18 +423,12 @@ class Tracer:
         owners = self._hooked.get(gid)
         if owners is None:
             owners = self._hooked[gid] = []
-            node, nr = t.grad_fn, t.output_nr
-            try:  # a pre-hook of the node that made t, for t's gradient: what t.register_hook does, for less
-                node.register_prehook(self._grad_hook(gid, nr))
-            except (AttributeError, RuntimeError):  # a node kind without pre-hooks
-                t.register_hook(self._grad_hook(gid))
+            on_gradient(t, self._grad_hook(gid))
         if owner is not None:
             owners.append(owner)
 
-    def _grad_hook(self, gid: int, nr: int | None = None):
+    def _grad_hook(self, gid: int):
         def hook(grad):
-            if nr is not None:  # a node pre-hook: the gradients of all the node's outputs
-                grad = grad[nr] if nr < len(grad) else None
             if self._active and grad is not None:  # None: an output the loss did not use
                 try:
                     g = self._measure(grad)  # once: autograd hands the same tensor to both sides of a sum

@@ -30,7 +30,7 @@ import torch
 from ampdoctor.trace import replay as rp
 from ampdoctor.trace.naming import _find_roots as _script_modules
 from ampdoctor.trace.patches import Swaps, scaler_classes
-from ampdoctor.trace.tensors import skip_reason, tensors_in
+from ampdoctor.trace.tensors import on_gradient, skip_reason, tensors_in
 from ampdoctor.trace.tracer import StopTracing, Tracer
 
 
@@ -216,15 +216,14 @@ class Watcher:
                 ev = torch.cuda.Event()
                 ev.record()
                 self._loss_host.append((host, ev))
-            else:
+            else:  # on the CPU (a loss the ops checked) the value is already here
                 self._loss_host.append((bad, None))
-        if self.trigger is None and (self._loss_cpu_bad or self._loss_host and self._loss_landed()):
-            self._loss_cpu_bad = False
+        if self.trigger is None and self._loss_landed():
             self._trouble("the loss is not finite")
 
     def _loss_landed(self) -> bool:
-        """Whether a loss flag that has reached the host says non-finite (flags still on their
-        way are looked at later)."""
+        """Whether a loss read on the host, or a loss flag that has reached it, says non-finite
+        (flags still on their way are looked at later)."""
         bad, waiting = self._loss_cpu_bad, []
         self._loss_cpu_bad = False
         for host, ev in self._loss_host:
@@ -313,12 +312,8 @@ class Watcher:
         outs = list(tensors_in(output))
         snap.grads = [None] * len(outs)
         for i, t in enumerate(outs):
-            node = t.grad_fn if isinstance(t, torch.Tensor) else None
-            if node is not None and t.numel() <= self.MAX_GRAD_NUMEL:
-                try:  # a pre-hook of the node that made it, for its gradient: what register_hook does, for less
-                    node.register_prehook(_keep(snap.grads, i, t.output_nr))
-                except (AttributeError, RuntimeError):  # a node kind without pre-hooks
-                    t.register_hook(_keep(snap.grads, i))
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() <= self.MAX_GRAD_NUMEL:
+                on_gradient(t, _keep(snap.grads, i))
         return None
 
     # -- trouble -----------------------------------------------------------------------------------
@@ -413,10 +408,8 @@ def _unwrapped(fn):
     return fn
 
 
-def _keep(store: list, i: int, nr: int | None = None):
+def _keep(store: list, i: int):
     def hook(grad):
-        if nr is not None:  # a node pre-hook: the gradients of all the node's outputs
-            grad = grad[nr] if nr < len(grad) else None
         store[i] = grad
         return None
     return hook
