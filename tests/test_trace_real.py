@@ -50,6 +50,9 @@ def run_cli(tmp_path, source, *options, args=()):
 # -- never crash the user's run -----------------------------------------------------------------
 
 def test_inference_mode_eval_loop_runs_and_is_measured():
+    from ampdoctor.trace import stats
+
+    stats._SPARE.clear()  # as in a fresh process: the tracer's first buffers are made in inference mode
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 2)).eval()
     x = torch.randn(4, 8)

@@ -250,8 +250,9 @@ class Batch:
         if spare is not None and len(spare[0]) == cap:
             self.block, self.views, self.heads = spare
         else:
-            self.block = torch.zeros(cap, self.width, dtype=torch.float32, device=self.device)
-            self.views = list(self.block.unbind(0)) if reuse else None  # made once: the block serves again
+            with torch.inference_mode(False):  # a block made in an inference_mode loop is zeroed outside it
+                self.block = torch.zeros(cap, self.width, dtype=torch.float32, device=self.device)
+                self.views = list(self.block.unbind(0)) if reuse else None  # made once: the block serves again
             self.heads = {}  # (row, length) -> the row's first values, for short samples
         self.cap = cap
 
