@@ -52,7 +52,9 @@ def run_cli(tmp_path, source, *options, args=()):
 def test_inference_mode_eval_loop_runs_and_is_measured():
     from ampdoctor.trace import stats
 
-    stats._SPARE.clear()  # as in a fresh process: the tracer's first buffers are made in inference mode
+    # as in a fresh process: the tracer's first buffers are made in inference mode
+    stats._SPARE.clear()
+    stats._Extremes._spare.clear()
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(inplace=True), nn.Linear(8, 2)).eval()
     x = torch.randn(4, 8)
@@ -66,6 +68,9 @@ def test_inference_mode_eval_loop_runs_and_is_measured():
     assert rep["notes"] == [] and rep["steps"] == 3
     r = rows(rep, "forward")
     assert r["0"]["calls"] == 3 and r["1"]["calls"] == 3 and r["1"]["absmax"] is not None
+    with Tracer() as t:  # a training step traced after it, in the same process
+        m.train()(x).pow(2).mean().backward()
+    assert t.report()["notes"] == []
 
 
 def test_torch_func_per_sample_gradients_do_not_break_the_trace():

@@ -371,11 +371,12 @@ class _Extremes:
     _spare: dict[tuple, "_Extremes"] = {}
 
     def __init__(self, dtype: torch.dtype, cap: int, device: torch.device, old: "_Extremes | None") -> None:
-        self.buf = torch.zeros(cap, 2, dtype=dtype, device=device)
-        if old is not None:
-            self.buf[:old.cap].copy_(old.buf)
-        self.lo = list(self.buf[:, 0].unbind(0))
-        self.hi = list(self.buf[:, 1].unbind(0))
+        with torch.inference_mode(False):  # kept for later steps, which may run outside inference mode
+            self.buf = torch.zeros(cap, 2, dtype=dtype, device=device)
+            if old is not None:
+                self.buf[:old.cap].copy_(old.buf)
+            self.lo = list(self.buf[:, 0].unbind(0))
+            self.hi = list(self.buf[:, 1].unbind(0))
         self.cap = cap
 
     @classmethod
