@@ -221,3 +221,88 @@ def test_a_model_that_changes_its_inputs_in_place_is_not_replayed_on_changed_val
     assert w.trigger["step"] == 5 and not w.replayed  # replayed
     assert all(torch.equal(a, b) for a, b in zip(ref_batches, batches))
     assert all(torch.equal(a, b) for a, b in zip(ref_model.state_dict().values(), model.state_dict().values()))
+
+
+class _LossAndLogits(torch.nn.Module):
+    """Returns its loss and the logits it computed the loss from, as a causal LM given labels does."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        logits = self.head(torch.relu(self.body(x)))
+        return torch.nn.functional.cross_entropy(logits, y), logits
+
+
+def _loss_and_logits_run(tracer_at_5, use: str):
+    torch.manual_seed(0)
+    model, critic = _LossAndLogits(), torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD([*model.parameters(), *critic.parameters()], lr=0.1)
+    for step in range(8):
+        with tracer_at_5 if step == 5 else torch.enable_grad():
+            loss, logits = model(torch.randn(16, 4), torch.randint(0, 3, (16,)))
+            if use == "logits":
+                loss = loss + logits.pow(2).mean()
+            elif use == "critic":  # a second model called on the first one's output
+                loss = loss + critic(torch.tanh(logits) * 2).mean()
+            if step == 5:  # the loss code goes non-finite; the gradients stay finite
+                loss = loss + torch.tensor(float("nan"))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize("walk", [None, 0], ids=["walked", "every-gradient-kept"])
+@pytest.mark.parametrize("use", ["loss", "logits", "critic"])
+def test_the_replayed_backward_is_the_real_one_when_the_model_returns_its_loss_and_logits(use, walk, monkeypatch):
+    # the logits' gradient already holds what came back through the loss: fed back beside the
+    # loss's, it would count twice and the replay would show gradients the run never had. The
+    # watch keeps the gradients of the outputs used after the call; when it cannot tell which
+    # (too much code between the calls and the loss) it keeps all and the replay is the same
+    from ampdoctor.trace import Tracer
+
+    if walk is not None:
+        monkeypatch.setattr(Watcher, "MAX_WALK", walk)
+
+    full = Tracer(first_step=5)
+    _loss_and_logits_run(full, use)
+    w = Watcher(trace_steps=0)
+    with w:
+        _loss_and_logits_run(torch.enable_grad(), use)
+    assert w.trigger == {"step": 5, "reason": "the loss is not finite"} and not w.replayed
+
+    def backward(rep):
+        return {m["module"]: dict(m["absmax_by_step"])[5] for m in rep["modules"] if m["phase"] == "backward"}
+    want, got = backward(full.report()), backward(w.report())
+    assert {"body", "head", "(_LossAndLogits)"} <= set(want) and got == want
+    assert ("critic" in want) == (use == "critic")
+
+
+def test_outputs_computed_from_each_other_get_back_only_what_came_from_outside():
+    # a call returns c = g(b), b = f(a) and a (a twice); the code after it uses all three. Fed
+    # the hooks' gradients as they are, b and a would get c's and b's gradient a second time
+    from ampdoctor.trace.replay import external_grads
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 6)
+
+    def call(x):
+        a = lin(x)
+        b = torch.tanh(a) * 3
+        return b.pow(2).sum(1), a, b, a
+
+    x = torch.randn(5, 6)
+    weights = [torch.randn(5), torch.randn(5, 6), torch.randn(5, 6), torch.randn(5, 6)]
+    outs = call(x)
+    seen = [None] * 4
+    for i, o in enumerate(outs):
+        o.register_hook(lambda g, i=i: seen.__setitem__(i, g))
+    sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+
+    replayed = call(x)
+    pairs = external_grads(list(zip(replayed, seen)))
+    assert len(pairs) == 3  # a returned twice counts once
+    got = torch.autograd.grad([o for o, _ in pairs], [lin.weight, lin.bias], [g for _, g in pairs])
+    assert torch.allclose(got[0], lin.weight.grad, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(got[1], lin.bias.grad, rtol=1e-5, atol=1e-6)

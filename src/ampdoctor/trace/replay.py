@@ -105,6 +105,71 @@ class _OriginMode(TorchDispatchMode):
 
 
 # -- copies that cannot reach back into the real run -----------------------------------------------
+def unwrapped(fn):
+    """The function under the tracers' wrappers (a replay is not the script's backward)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def external_grads(pairs: list) -> list:
+    """What each output of a replayed call received from outside the call, as (output, gradient).
+
+    ``pairs`` hold the replayed outputs and the gradients that flowed into the real ones. A hook
+    on an output sees its whole gradient: what came from the code that used it after the call,
+    and also what the call's other outputs sent back into it when one was computed from another
+    (a model that returns its loss and the logits the loss came from). Fed back as is, that part
+    would count twice. The outputs are solved from the last computed back: each one keeps its
+    gradient less what the outputs computed from it send into it from their own. An output
+    returned twice counts once; one left with no gradient is dropped."""
+    seen, outs = set(), []
+    for o, g in pairs:
+        key = (id(o.grad_fn), o.output_nr) if o.grad_fn is not None else (id(o), -1)
+        if key not in seen:
+            seen.add(key)
+            outs.append((o, g.to(o.dtype)))
+    if len(outs) < 2:
+        return outs
+    index = {(id(o.grad_fn), o.output_nr): i for i, (o, _) in enumerate(outs) if o.grad_fn is not None}
+    sources: list[set] = [set() for _ in outs]  # sources[i]: the outputs computed from output i
+    for j, (o, _) in enumerate(outs):
+        for i in _outputs_under(o.grad_fn, index):
+            if i != j:
+                sources[i].add(j)
+    grad, own, done = unwrapped(torch.autograd.grad), [None] * len(outs), set()
+    while len(done) < len(outs):
+        ready = [i for i in range(len(outs)) if i not in done and sources[i] <= done]
+        for i in ready or sorted(set(range(len(outs))) - done):  # (a graph has no cycle: never the second)
+            o, total = outs[i]
+            from_outputs = [j for j in sources[i] if own[j] is not None]
+            if from_outputs:
+                sent = grad([outs[j][0] for j in from_outputs], [o], [own[j] for j in from_outputs],
+                            retain_graph=True, allow_unused=True)[0]
+                if sent is not None:
+                    wide = torch.promote_types(o.dtype, torch.float32)
+                    total = (total.to(wide) - sent.to(wide)).to(o.dtype)
+            own[i] = total if bool(total.count_nonzero()) else None
+            done.add(i)
+    return [(o, g) for (o, _), g in zip(outs, own) if g is not None]
+
+
+def _outputs_under(root, index: dict) -> set:
+    """The indices of ``index``'s (node id, output number) edges reachable from ``root``."""
+    found, seen, todo = set(), set(), [root]
+    while todo and len(seen) < 10 * _NODE_LIMIT:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for nxt, nr in node.next_functions:
+            if nxt is not None:
+                i = index.get((id(nxt), nr))
+                if i is not None:
+                    found.add(i)
+                todo.append(nxt)
+    return found
+
+
 def _walk_tensors(obj, out: dict, depth: int = 0, budget: list | None = None) -> None:
     budget = budget if budget is not None else [10_000]
     if budget[0] <= 0 or depth > 5:
@@ -365,7 +430,8 @@ class Replayer:
                 with _as_before(saved), torch.enable_grad(), torch.autograd.set_detect_anomaly(True, False):
                     out = mod(*args, **kwargs)
                     outs = _tensors(out)
-                    pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+                    pairs = external_grads([(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad
+                                            and o.shape == g.shape])
                     if not pairs:
                         return {"note": "the replayed outputs need no gradient"}
                     found: dict = {}
@@ -374,8 +440,7 @@ class Replayer:
                               and t.grad_fn is None]
                     leaves += [p for p in mod.parameters() if p.requires_grad]
                     try:
-                        torch.autograd.grad([o for o, _ in pairs], leaves, [g.to(o.dtype) for o, g in pairs],
-                                            allow_unused=True)
+                        torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], allow_unused=True)
                     finally:
                         for h in handles:
                             h.remove()

@@ -36,6 +36,8 @@ from ampdoctor.trace.tracer import StopTracing, Tracer
 
 
 _HOST_READABLE = (torch.float32, torch.float64, torch.float16)  # dtypes numpy reads
+# the number the next autograd node will get on this thread (nodes are numbered as they are made)
+_NEXT_NODE = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 
 @dataclass
@@ -50,6 +52,8 @@ class _Snapshot:
     grad_enabled: bool
     grads: list = field(default_factory=list)  # per output tensor: the gradient that flowed in, or None
     versions: list = field(default_factory=list)  # the inputs' version counters at the call
+    nodes: tuple = (0, 0)  # the numbers of the autograd nodes the call made: [first, end)
+    wanted: list = field(default_factory=list)  # per output tensor: used after the call, so its gradient is kept
 
 
 @dataclass
@@ -71,6 +75,7 @@ class Watcher:
     """
 
     MAX_GRAD_NUMEL = 1 << 26  # output gradients kept for a replay, per call (elements)
+    MAX_WALK = 512  # autograd nodes made outside the calls, looked through per backward for the outputs used
     MAX_CALLS = 16  # top-level calls kept per step
     WARMUP_SKIPS = 24  # back-offs at the start before the scale counts as collapsing (2**16 -> 2**-8)
     COLLAPSE_SKIPS = 3  # consecutive skips after the warm-up
@@ -91,6 +96,8 @@ class Watcher:
         self._roots: dict[int, tuple["weakref.ref", list]] = {}
         self._searched = False
         self._snaps: list[_Snapshot] = []
+        self._outputs: dict[tuple, tuple] = {}  # (node number, output number) -> (snapshot, index): this step's
+        self._keep_all = _NEXT_NODE is None  # keep every output's gradient (the outputs used are not known)
         self._scalers: dict[int, _ScalerTrack] = {}
         self._in_enabled_scaler_step = 0  # inside an enabled GradScaler's step(): its update() ends the step
         self._stepped = False
@@ -155,6 +162,8 @@ class Watcher:
         def backward(*args, **kwargs):
             if watcher._active and not watcher._replaying and torch._C._current_autograd_node() is None:
                 watcher._guard(watcher._loss, args[0] if args else kwargs.get("tensors"))
+                if watcher._outputs:
+                    watcher._guard(watcher._used, args[0] if args else kwargs.get("tensors"))
             result = orig(*args, **kwargs)
             if watcher._active and not watcher._replaying:
                 watcher._guard(watcher._after_backward)
@@ -274,6 +283,8 @@ class Watcher:
         self.steps += 1
         self._scaled = self._skipped = False
         self._snaps = []
+        self._outputs = {}
+        self._keep_all = _NEXT_NODE is None
         if self.tracer is not None and not self._tracer_done and self.tracer.optimizer_steps > self.trace_steps:
             self._tracer_done = True
             self.tracer._active = False  # its hooks go quiet now; they come off when the watch ends
@@ -299,8 +310,12 @@ class Watcher:
     def _root_pre_hook(self, module, args, kwargs):
         if self._active and not self._replaying and len(self._snaps) < self.MAX_CALLS \
                 and torch._C._current_autograd_node() is None:
+            if self._outputs:  # an earlier call's outputs may come in: they are used after that call
+                self._guard(self._used, (args, kwargs))
+            first = _NEXT_NODE() if _NEXT_NODE is not None else 0
             self._snaps.append(_Snapshot(weakref.ref(module), args, dict(kwargs), rp._rng(), rp._autocast_state(),
-                                         torch.is_grad_enabled(), versions=_versions((args, kwargs))))
+                                         torch.is_grad_enabled(), versions=_versions((args, kwargs)),
+                                         nodes=(first, first)))
         return None
 
     def _root_hook(self, module, args, output):
@@ -310,11 +325,50 @@ class Watcher:
         if snap.module() is not module or not snap.grad_enabled:
             return None
         outs = list(tensors_in(output))
-        snap.grads = [None] * len(outs)
+        snap.grads, snap.wanted = [None] * len(outs), [False] * len(outs)
+        if _NEXT_NODE is not None:
+            snap.nodes = (snap.nodes[0], _NEXT_NODE())
         for i, t in enumerate(outs):
             if isinstance(t, torch.Tensor) and t.grad_fn is not None and t.numel() <= self.MAX_GRAD_NUMEL:
-                on_gradient(t, _keep(snap.grads, i))
+                key = (t.grad_fn._sequence_nr(), t.output_nr)
+                if key not in self._outputs:  # an output returned twice is kept once
+                    self._outputs[key] = (snap, i)
+                    on_gradient(t, self._keep(snap, i))
         return None
+
+    def _keep(self, snap: _Snapshot, i: int):
+        def hook(grad):
+            if snap.wanted[i] or self._keep_all:
+                snap.grads[i] = grad
+            return None
+        return hook
+
+    def _used(self, tensors) -> None:
+        """Mark the outputs of this step's calls that ``tensors`` (a backward's roots, a call's
+        inputs) were computed from, through what the script did after the calls: their gradients
+        are what a replay needs. The other outputs' gradients (logits a model computed its own loss
+        from) came back through the call itself and are not kept. The walk looks only at nodes made
+        outside the calls; past ``MAX_WALK`` of them every gradient of the step is kept."""
+        spans = [s.nodes for s in self._snaps]
+        first = min(a for a, _ in spans)
+        todo = [(t.grad_fn, t.output_nr) for t in tensors_in(tensors)
+                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        seen: set = set()
+        while todo:
+            node, nr = todo.pop()
+            number = node._sequence_nr()
+            hit = self._outputs.get((number, nr))
+            if hit is not None:
+                hit[0].wanted[hit[1]] = True
+                continue
+            if id(node) in seen or not node.next_functions or number < first \
+                    or any(a <= number < b for a, b in spans):
+                continue  # a leaf's; made before this step's calls, or inside one
+            seen.add(id(node))
+            if len(seen) > self.MAX_WALK:
+                self._keep_all = True
+                return
+            todo.extend(edge for edge in node.next_functions if edge[0] is not None)
 
     # -- trouble -----------------------------------------------------------------------------------
     def _trouble(self, reason: str, replay: bool = True) -> None:
@@ -353,13 +407,19 @@ class Watcher:
                     out = module(*args, **kwargs)
                 if snap.grad_enabled and any(g is not None for g in snap.grads):
                     outs = list(tensors_in(out))
+                    params = [p for p in module.parameters() if p.requires_grad]
                     pairs = [(o, g) for o, g in zip(outs, snap.grads)
                              if g is not None and isinstance(o, torch.Tensor) and o.grad_fn is not None
                              and o.shape == g.shape]
-                    params = [p for p in module.parameters() if p.requires_grad]
                     if pairs and params:
-                        _unwrapped(torch.autograd.grad)([o for o, _ in pairs], params,
-                                                        grad_outputs=[g for _, g in pairs], allow_unused=True)
+                        active, self.tracer._active = self.tracer._active, False  # it sees one backward, below
+                        try:
+                            pairs = rp.external_grads(pairs)
+                        finally:
+                            self.tracer._active = active
+                    if pairs and params:
+                        rp.unwrapped(torch.autograd.grad)([o for o, _ in pairs], params,
+                                                          grad_outputs=[g for _, g in pairs], allow_unused=True)
                 elif snap.grad_enabled:
                     self.replayed.append(f"the gradients that flowed into `{type(module).__name__}`'s outputs "
                                          "were not kept: its forward was replayed, not its backward")
@@ -399,20 +459,6 @@ class Watcher:
                         "replayed": self.tracer is not None and not self.replayed,
                         "replay_notes": self.replayed}
         return rep
-
-
-def _unwrapped(fn):
-    """The function under the tracers' wrappers (a replay is not the script's backward)."""
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
-
-
-def _keep(store: list, i: int):
-    def hook(grad):
-        store[i] = grad
-        return None
-    return hook
 
 
 def _copied(tree):
