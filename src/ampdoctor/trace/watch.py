@@ -53,7 +53,8 @@ class _Snapshot:
     grads: list = field(default_factory=list)  # per output tensor: the gradient that flowed in, or None
     versions: list = field(default_factory=list)  # the inputs' version counters at the call
     nodes: tuple = (0, 0)  # the numbers of the autograd nodes the call made: [first, end)
-    wanted: list = field(default_factory=list)  # per output tensor: used after the call, so its gradient is kept
+    # per output tensor: used after the call, so its gradient is kept (None: not known, kept too)
+    wanted: list = field(default_factory=list)
 
 
 @dataclass
@@ -163,7 +164,7 @@ class Watcher:
             if watcher._active and not watcher._replaying and torch._C._current_autograd_node() is None:
                 watcher._guard(watcher._loss, args[0] if args else kwargs.get("tensors"))
                 if watcher._outputs:
-                    watcher._guard(watcher._used, args[0] if args else kwargs.get("tensors"))
+                    watcher._guard(watcher._used, args[0] if args else kwargs.get("tensors"), True)
             result = orig(*args, **kwargs)
             if watcher._active and not watcher._replaying:
                 watcher._guard(watcher._after_backward)
@@ -325,7 +326,7 @@ class Watcher:
         if snap.module() is not module or not snap.grad_enabled:
             return None
         outs = list(tensors_in(output))
-        snap.grads, snap.wanted = [None] * len(outs), [False] * len(outs)
+        snap.grads, snap.wanted = [None] * len(outs), [None] * len(outs)
         if _NEXT_NODE is not None:
             snap.nodes = (snap.nodes[0], _NEXT_NODE())
         for i, t in enumerate(outs):
@@ -338,17 +339,19 @@ class Watcher:
 
     def _keep(self, snap: _Snapshot, i: int):
         def hook(grad):
-            if snap.wanted[i] or self._keep_all:
+            if snap.wanted[i] is not False or self._keep_all:
                 snap.grads[i] = grad
             return None
         return hook
 
-    def _used(self, tensors) -> None:
+    def _used(self, tensors, roots: bool = False) -> None:
         """Mark the outputs of this step's calls that ``tensors`` (a backward's roots, a call's
         inputs) were computed from, through what the script did after the calls: their gradients
-        are what a replay needs. The other outputs' gradients (logits a model computed its own loss
-        from) came back through the call itself and are not kept. The walk looks only at nodes made
-        outside the calls; past ``MAX_WALK`` of them every gradient of the step is kept."""
+        are what a replay needs. With ``roots``, a backward is about to run: the outputs not marked
+        yet are not used, and their gradients (logits a model computed its own loss from) are not
+        kept; they come back through the call itself. The walk looks only at nodes made outside
+        the calls; past ``MAX_WALK`` of them every gradient of the step is kept. Outputs no walk
+        has looked at (a backward through ``torch.autograd.grad``) keep theirs too."""
         spans = [s.nodes for s in self._snaps]
         first = min(a for a, _ in spans)
         todo = [(t.grad_fn, t.output_nr) for t in tensors_in(tensors)
@@ -369,6 +372,9 @@ class Watcher:
                 self._keep_all = True
                 return
             todo.extend(edge for edge in node.next_functions if edge[0] is not None)
+        if roots:
+            for snap in self._snaps:
+                snap.wanted = [w is True for w in snap.wanted]
 
     # -- trouble -----------------------------------------------------------------------------------
     def _trouble(self, reason: str, replay: bool = True) -> None:
