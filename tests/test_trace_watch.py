@@ -306,3 +306,31 @@ def test_outputs_computed_from_each_other_get_back_only_what_came_from_outside()
     got = torch.autograd.grad([o for o, _ in pairs], [lin.weight, lin.bias], [g for _, g in pairs])
     assert torch.allclose(got[0], lin.weight.grad, rtol=1e-5, atol=1e-6)
     assert torch.allclose(got[1], lin.bias.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_whose_backward_is_torch_autograd_grad_is_replayed_too():
+    # a functional step (gradients from torch.autograd.grad, handed to the optimizer by hand) under
+    # a GradScaler whose scale collapses: the watch finds the model and replays its backward
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    w = Watcher(trace_steps=1)
+    with w:
+        for step in range(14):
+            if step == 8:
+                with torch.no_grad():
+                    model[0].weight.mul_(1e3)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(32, 8)).float().pow(2).mean()
+            params = list(model.parameters())
+            for p, g in zip(params, torch.autograd.grad(scaler.scale(loss), params)):
+                p.grad = g
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    assert w.trigger == {"step": 10, "reason": "the GradScaler skipped 3 steps in a row: the loss scale is collapsing"}
+    assert w.replayed == []  # forward and backward
+    replayed = {m["module"] for m in w.report()["modules"]
+                if m["phase"] == "backward" and 10 in dict(m["absmax_by_step"])}
+    assert replayed >= {"0", "1", "2"}

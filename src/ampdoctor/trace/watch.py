@@ -122,6 +122,7 @@ class Watcher:
             if "update" in own:
                 self._swaps.set(cls, "update", self._wrap_update(own["update"]))
         self._swaps.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        self._swaps.set(torch.autograd, "grad", self._wrap_grad(torch.autograd.grad))
         self._active = True
         return self
 
@@ -171,6 +172,21 @@ class Watcher:
             return result
         backward.__wrapped__ = orig
         return backward
+
+    def _wrap_grad(self, orig):
+        """A backward through ``torch.autograd.grad`` (a functional training step, a gradient
+        penalty): the top-level modules are found, and the outputs it goes through are marked."""
+        watcher = self
+
+        def grad(*args, **kwargs):
+            if watcher._active and not watcher._replaying and watcher.trigger is None \
+                    and torch._C._current_autograd_node() is None:
+                watcher._guard(watcher._find_roots)
+                if watcher._outputs:
+                    watcher._guard(watcher._used, args[0] if args else kwargs.get("outputs"), True)
+            return orig(*args, **kwargs)
+        grad.__wrapped__ = orig
+        return grad
 
     def _wrap_step(self, orig):
         watcher = self
