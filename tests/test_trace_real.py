@@ -98,6 +98,40 @@ def test_torch_func_per_sample_gradients_do_not_break_the_trace():
     assert any("torch.func" in k for k in rep["skipped_tensors"])
 
 
+def _overflowing_weight_gradients(functional: bool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    with Tracer() as t:
+        for step in range(12):
+            if step == 8:  # the last layer's weight gradients overflow float16; activation gradients do not
+                with torch.no_grad():
+                    model[0].weight.mul_(1e3)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(32, 8)).float().pow(2).mean()
+            if functional:
+                params = list(model.parameters())
+                for p, g in zip(params, torch.autograd.grad(scaler.scale(loss), params)):
+                    p.grad = g
+            else:
+                scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    return t.report()
+
+
+def test_a_functional_step_s_parameter_gradients_are_reported_as_backward_s_are():
+    # gradients that torch.autograd.grad returns for the parameters are the step's parameter
+    # gradients, not a gradient penalty's: the report is the one a loss.backward() step gets
+    want, got = _overflowing_weight_gradients(False), _overflowing_weight_gradients(True)
+    assert got["first_nonfinite"] == want["first_nonfinite"] == {
+        "module": None, "phase": "param", "step": 8, "op": None, "params": ["2.weight", "2.bias"]}
+    assert got["findings"] == want["findings"]
+    assert got["params"] == want["params"] and got["params"][0]["steps"] == 12  # measured once per step
+
+
 def test_fake_sparse_nested_and_meta_tensors_are_skipped():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -134,7 +134,10 @@ class Patches(Swaps):
                 tracer._guard(tracer._loss, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
             result = orig(*args, **kwargs)
             if top and returns and tracer._active:  # the gradients autograd.grad hands back (a penalty)
-                tracer._guard(tracer._grad_results, result, bool(kwargs.get("create_graph")))
+                tracer._guard(tracer._grad_results, result,
+                              bool(kwargs.get("create_graph", args[4] if len(args) > 4 else False)),
+                              args[1] if len(args) > 1 else kwargs.get("inputs"),
+                              args[0] if args else kwargs.get("outputs"))
             if top and tracer._active and not tracer._is_training():
                 tracer._guard(tracer._after_backward)
             return result

@@ -448,22 +448,42 @@ class Tracer:
         for t in tensors_in(out):
             self._scaled[id(t)] = weakref.ref(t)
 
+    def _from_scaler(self, t) -> bool:
+        ref = self._scaled.get(id(t))
+        return ref is not None and ref() is t
+
     def _loss(self, tensors) -> None:
         self._dirty = self._backward_seen = True
         for t in tensors_in(tensors):
-            ref = self._scaled.get(id(t))
-            if ref is not None and ref() is t:
+            if self._from_scaler(t):
                 continue  # GradScaler.scale() output: its loss was measured unscaled
             gid = self._measure(t)
             if gid is not None:
                 self._loss_gids.append(gid)
 
-    def _grad_results(self, result, create_graph: bool) -> None:
+    def _grad_results(self, result, create_graph: bool, inputs=None, outputs=None) -> None:
+        """What a top-level ``torch.autograd.grad`` returned. The gradients of parameters, without
+        ``create_graph``, are a functional step's parameter gradients and are measured as such;
+        the others (of inputs, or made for a gradient penalty) are checked as what the loss will
+        be built on."""
         self._double_backward = self._double_backward or create_graph
-        for t in tensors_in(result):
-            gid = self._measure(t)
-            if gid is not None:
-                self._gradres_gids.append(gid)
+        ins = [inputs] if isinstance(inputs, torch.Tensor) else \
+            list(inputs) if isinstance(inputs, (list, tuple)) else []
+        res = list(result) if isinstance(result, (list, tuple)) else [result]
+        params = []
+        for i, g in enumerate(res):
+            p = ins[i] if len(ins) == len(res) else None
+            if not create_graph and isinstance(p, torch.nn.Parameter) and isinstance(g, torch.Tensor):
+                params.append((p, g))
+                continue
+            for t in tensors_in(g):
+                gid = self._measure(t)
+                if gid is not None:
+                    self._gradres_gids.append(gid)
+        if params:
+            self._probe_pairs(params, any(self._from_scaler(t) for t in tensors_in(outputs)))
+            for p, g in params:
+                self._grads_probed[id(p)] = weakref.ref(g)
 
     def _optimizer_pre_hook(self, optimizer, args, kwargs) -> None:
         self._updated = True
@@ -502,12 +522,22 @@ class Tracer:
         self._probe([p for group in optimizer.param_groups for p in group["params"]], scaled)
 
     def _probe(self, params, scaled: bool) -> None:
+        pairs = []
+        for p in params:
+            g = getattr(p, "grad", None)
+            if g is not None:
+                ref = self._grads_probed.get(id(p))
+                if ref is None or ref() is not g:  # not measured already, as torch.autograd.grad returned it
+                    pairs.append((p, g))
+        self._probe_pairs(pairs, scaled)
+
+    def _probe_pairs(self, pairs, scaled: bool) -> None:
+        """Measure parameter gradients: (parameter, its gradient) pairs."""
         if not self.grads:
             return
         by_dev: dict[torch.device, tuple[list, list]] = {}
-        for p in params:
-            g = getattr(p, "grad", None)
-            if g is None or not isinstance(g, torch.Tensor) or skip_reason(g) is not None or g.is_inference():
+        for p, g in pairs:
+            if not isinstance(g, torch.Tensor) or skip_reason(g) is not None or g.is_inference():
                 continue
             keys, grads = by_dev.setdefault(g.device, ([], []))
             keys.append(self.namer.param_key(p))
@@ -642,6 +672,7 @@ class Tracer:
         self._param_rows: list[tuple] = []  # (device, first slot, what): gradients measured in a Batch
         self._loss_gids: list[int] = []
         self._gradres_gids: list[int] = []  # what top-level torch.autograd.grad calls returned
+        self._grads_probed: dict[int, weakref.ref] = {}  # id(parameter) -> its gradient, measured from autograd.grad
         self._double_backward = False  # autograd.grad(create_graph=True) ran: gradients have a graph
         self._scaled: dict[int, weakref.ref] = {}  # the tensors GradScaler.scale() returned
         self._fin: dict[int, bool] = {}  # measured tensor id -> finite, for this step
