@@ -368,6 +368,8 @@ class Watcher:
         kept; they come back through the call itself. The walk looks only at nodes made outside
         the calls; past ``MAX_WALK`` of them every gradient of the step is kept. Outputs no walk
         has looked at (a backward through ``torch.autograd.grad``) keep theirs too."""
+        if self._keep_all:
+            return  # every gradient is kept already
         spans = [s.nodes for s in self._snaps]
         first = min(a for a, _ in spans)
         todo = [(t.grad_fn, t.output_nr) for t in tensors_in(tensors)
