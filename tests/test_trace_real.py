@@ -98,7 +98,7 @@ def test_torch_func_per_sample_gradients_do_not_break_the_trace():
     assert any("torch.func" in k for k in rep["skipped_tensors"])
 
 
-def _overflowing_weight_gradients(functional: bool):
+def _overflowing_weight_gradients(how: str):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -110,22 +110,25 @@ def _overflowing_weight_gradients(functional: bool):
                     model[0].weight.mul_(1e3)
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = model(torch.randn(32, 8)).float().pow(2).mean()
-            if functional:
-                params = list(model.parameters())
-                for p, g in zip(params, torch.autograd.grad(scaler.scale(loss), params)):
-                    p.grad = g
-            else:
+            if how == "backward":
                 scaler.scale(loss).backward()
+            else:  # a functional step: the gradients from torch.autograd.grad, put in .grad by hand
+                inputs = model.parameters() if how == "generator" else list(model.parameters())
+                for p, g in zip(model.parameters(), torch.autograd.grad(scaler.scale(loss), inputs)):
+                    p.grad = g.detach() if how == "detached" else g
             scaler.step(opt)
             scaler.update()
             opt.zero_grad()
     return t.report()
 
 
-def test_a_functional_step_s_parameter_gradients_are_reported_as_backward_s_are():
+@pytest.mark.parametrize("how", ["list", "generator", "detached"])
+def test_a_functional_step_s_parameter_gradients_are_reported_as_backward_s_are(how):
     # gradients that torch.autograd.grad returns for the parameters are the step's parameter
-    # gradients, not a gradient penalty's: the report is the one a loss.backward() step gets
-    want, got = _overflowing_weight_gradients(False), _overflowing_weight_gradients(True)
+    # gradients, not a gradient penalty's: the report is the one a loss.backward() step gets,
+    # whether the parameters are given as a list or as model.parameters(), and whatever tensor
+    # the script then puts in .grad
+    want, got = _overflowing_weight_gradients("backward"), _overflowing_weight_gradients(how)
     assert got["first_nonfinite"] == want["first_nonfinite"] == {
         "module": None, "phase": "param", "step": 8, "op": None, "params": ["2.weight", "2.bias"]}
     assert got["findings"] == want["findings"]

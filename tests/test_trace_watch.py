@@ -235,36 +235,55 @@ class _LossAndLogits(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits, y), logits
 
 
+class _Critic(torch.nn.Module):
+    """Called on the logits, or on an object that holds them (as a cache or a graph batch does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.lin(torch.tanh(x if isinstance(x, torch.Tensor) else x.logits) * 2)
+
+
 def _loss_and_logits_run(tracer_at_5, use: str):
+    from types import SimpleNamespace
+
     torch.manual_seed(0)
-    model, critic = _LossAndLogits(), torch.nn.Linear(3, 1)
+    model, critic = _LossAndLogits(), _Critic()
     opt = torch.optim.SGD([*model.parameters(), *critic.parameters()], lr=0.1)
+    nan = torch.tensor(float("nan"))
     for step in range(8):
         with tracer_at_5 if step == 5 else torch.enable_grad():
             loss, logits = model(torch.randn(16, 4), torch.randint(0, 3, (16,)))
             if use == "logits":
                 loss = loss + logits.pow(2).mean()
             elif use == "critic":  # a second model called on the first one's output
-                loss = loss + critic(torch.tanh(logits) * 2).mean()
+                loss = loss + critic(logits).mean()
+            elif use == "critic-of-object":  # ... handed to it inside an object
+                loss = loss + critic(SimpleNamespace(logits=logits)).mean()
+            elif use == "two-passes":  # the loss, then a second backward pass through the logits
+                loss.backward(retain_graph=True)
+                loss = logits.pow(2).mean()
             if step == 5:  # the loss code goes non-finite; the gradients stay finite
-                loss = loss + torch.tensor(float("nan"))
+                loss = loss + nan
             loss.backward()
             opt.step()
             opt.zero_grad()
 
 
 @pytest.mark.parametrize("walk", [None, 0], ids=["walked", "every-gradient-kept"])
-@pytest.mark.parametrize("use", ["loss", "logits", "critic"])
+@pytest.mark.parametrize("use", ["loss", "logits", "critic", "critic-of-object", "two-passes"])
 def test_the_replayed_backward_is_the_real_one_when_the_model_returns_its_loss_and_logits(use, walk, monkeypatch):
     # the logits' gradient already holds what came back through the loss: fed back beside the
     # loss's, it would count twice and the replay would show gradients the run never had. The
     # watch keeps the gradients of the outputs used after the call; when it cannot tell which
-    # (too much code between the calls and the loss) it keeps all and the replay is the same
+    # (too much code between the calls and the loss) it keeps all and the replay is the same.
+    # Each backward pass of the step is replayed as a pass of its own
     from ampdoctor.trace import Tracer
 
     if walk is not None:
         monkeypatch.setattr(Watcher, "MAX_WALK", walk)
-
     full = Tracer(first_step=5)
     _loss_and_logits_run(full, use)
     w = Watcher(trace_steps=0)
@@ -272,11 +291,13 @@ def test_the_replayed_backward_is_the_real_one_when_the_model_returns_its_loss_a
         _loss_and_logits_run(torch.enable_grad(), use)
     assert w.trigger == {"step": 5, "reason": "the loss is not finite"} and not w.replayed
 
-    def backward(rep):
-        return {m["module"]: dict(m["absmax_by_step"])[5] for m in rep["modules"] if m["phase"] == "backward"}
+    def backward(rep):  # every figure of every layer's backward, traced at step 5 only
+        return {m["module"]: m for m in rep["modules"] if m["phase"] == "backward"}
     want, got = backward(full.report()), backward(w.report())
-    assert {"body", "head", "(_LossAndLogits)"} <= set(want) and got == want
-    assert ("critic" in want) == (use == "critic")
+    body = next(k for k in want if k.endswith("body"))  # `model.body` where the script has two models
+    assert got == want and {"head", "critic"} & {k.rsplit(".", 1)[-1] for k in want} == \
+        ({"head", "critic"} if use.startswith("critic") else {"head"})
+    assert want[body]["elements"] == (256 if use == "two-passes" else 128)  # one measurement per pass
 
 
 def test_outputs_computed_from_each_other_get_back_only_what_came_from_outside():
@@ -334,3 +355,130 @@ def test_a_step_whose_backward_is_torch_autograd_grad_is_replayed_too():
     replayed = {m["module"] for m in w.report()["modules"]
                 if m["phase"] == "backward" and 10 in dict(m["absmax_by_step"])}
     assert replayed >= {"0", "1", "2"}
+
+
+@pytest.mark.parametrize("use", ["loss", "logits", "critic-of-object"])
+def test_the_watch_holds_no_gradient_that_only_the_model_itself_used(use):
+    # a causal LM called with labels: the logits' gradient came back through the model's own
+    # loss, and a replay gets it back the same way; holding it until the step ends costs a
+    # buffer as large as the logits every step. Used after the call, it is kept
+    import weakref
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    model, critic = _LossAndLogits(), _Critic()
+    opt = torch.optim.SGD([*model.parameters(), *critic.parameters()], lr=0.1)
+    held = []
+    with Watcher():
+        for step in range(3):  # the model is found at the first backward: its calls are kept from step 1 on
+            loss, logits = model(torch.randn(16, 4), torch.randint(0, 3, (16,)))
+            nr = logits.output_nr
+            logits.grad_fn.register_prehook(lambda grads, nr=nr: held.append(weakref.ref(grads[nr])))
+            if use == "logits":
+                loss = loss + logits.pow(2).mean()
+            elif use == "critic-of-object":
+                loss = loss + critic(SimpleNamespace(logits=logits)).mean()
+            loss.backward()
+            assert (held[-1]() is not None) == (use != "loss" and step > 0)
+            opt.step()
+            opt.zero_grad()
+
+
+class _Logits(torch.nn.Module):
+    """Returns its loss too when it is given labels: how many outputs a call has varies."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.lin(x)
+        if labels is None:
+            return {"logits": logits}
+        return {"logits": logits, "loss": torch.nn.functional.cross_entropy(logits, labels)}
+
+
+def test_more_top_level_calls_in_a_step_than_the_watch_keeps_change_nothing():
+    # 18 calls per step (more than the 16 kept), the last without labels: the calls past the 16th
+    # are not kept, and their outputs' gradients reach no kept call's hooks
+    def run(watcher):
+        torch.manual_seed(0)
+        model = _Logits()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with watcher if watcher is not None else torch.enable_grad():
+            for _ in range(3):
+                total = 0
+                for k in range(18):
+                    out = model(torch.randn(8, 4), torch.randint(0, 3, (8,)) if k < 17 else None)
+                    total = total + (out["loss"] if "loss" in out else out["logits"].pow(2).mean())
+                total.backward()
+                opt.step()
+                opt.zero_grad()
+        return model
+
+    w = Watcher()
+    want, got = run(None), run(w)
+    assert w.notes == {} and w.steps == 3
+    assert all(_same(a, b) for a, b in zip(want.state_dict().values(), got.state_dict().values()))
+
+
+class _G(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 4)
+
+    def forward(self, z):
+        return torch.tanh(self.lin(z))
+
+
+def _gan_run(real: dict, bad_step=5):
+    # a GAN step: the critic's optimizer steps before the generator's backward, which comes back
+    # through the generator's call made before that step ended (for the watch, each optimizer
+    # step is a step)
+    torch.manual_seed(0)
+    gen, critic = _G(), torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LeakyReLU(), torch.nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.01), torch.optim.SGD(critic.parameters(), lr=0.01)
+    softplus = torch.nn.functional.softplus
+    for step in range(8):
+        fake = gen(torch.randn(8, 3))
+        loss_d = softplus(-critic(torch.randn(8, 4))).mean() + softplus(critic(fake.detach())).mean()
+        loss_d.backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        loss_g = softplus(-critic(fake)).mean()
+        if step == bad_step:
+            loss_g = loss_g + torch.tensor(float("nan"))
+        loss_g.backward()
+        if step == bad_step:
+            real.update({name: p.grad.clone() for name, p in gen.named_parameters()})
+        opt_g.step()
+        opt_g.zero_grad()
+        opt_d.zero_grad()
+    return gen
+
+
+def test_a_gan_s_generator_is_replayed_in_the_generator_s_step(monkeypatch):
+    # the replay's parameter gradients (what its torch.autograd.grad returns) are the real ones
+    from ampdoctor.trace import replay as rp
+
+    replayed: dict = {}
+    unwrapped = rp.unwrapped
+
+    def spy(fn):
+        grad = unwrapped(fn)
+
+        def recorded(outputs, inputs, **kwargs):
+            got = grad(outputs, inputs, **kwargs)
+            for p, g in zip(inputs, got):
+                if isinstance(p, torch.nn.Parameter) and g is not None:
+                    replayed[id(p)] = replayed.get(id(p), 0) + g
+            return got
+        return recorded
+    monkeypatch.setattr(rp, "unwrapped", spy)
+    real: dict = {}
+    w = Watcher(trace_steps=0)
+    with w:
+        gen = _gan_run(real)
+    assert w.trigger == {"step": 11, "reason": "the loss is not finite"} and not w.replayed
+    for name, p in gen.named_parameters():
+        assert torch.allclose(replayed[id(p)], real[name], rtol=1e-5, atol=1e-7), name

@@ -130,6 +130,11 @@ class Patches(Swaps):
 
         def backward(*args, **kwargs):
             top = tracer._active and _current_node() is None and not in_functorch_transform()
+            if top and returns:  # autograd.grad's inputs as a sequence: a generator (model.parameters()) is read once
+                if len(args) > 1 and _one_pass(args[1]):
+                    args = (args[0], tuple(args[1]), *args[2:])
+                elif _one_pass(kwargs.get("inputs")):
+                    kwargs["inputs"] = tuple(kwargs["inputs"])
             if top:  # the loss: torch.autograd.backward(tensors) or torch.autograd.grad(outputs, ...)
                 tracer._guard(tracer._loss, args[0] if args else kwargs.get("tensors", kwargs.get("outputs")))
             result = orig(*args, **kwargs)
@@ -154,3 +159,7 @@ class Patches(Swaps):
             return orig(optimizer, *args, **kwargs)
         return __init__
 
+
+def _one_pass(obj) -> bool:
+    """An iterable that can be read only once (a generator), not a tensor or a sequence."""
+    return obj is not None and not isinstance(obj, (torch.Tensor, list, tuple)) and iter(obj) is obj

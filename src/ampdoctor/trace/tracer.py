@@ -482,8 +482,8 @@ class Tracer:
                     self._gradres_gids.append(gid)
         if params:
             self._probe_pairs(params, any(self._from_scaler(t) for t in tensors_in(outputs)))
-            for p, g in params:
-                self._grads_probed[id(p)] = weakref.ref(g)
+            for p, _ in params:
+                self._grads_probed[id(p)] = weakref.ref(p)
 
     def _optimizer_pre_hook(self, optimizer, args, kwargs) -> None:
         self._updated = True
@@ -527,7 +527,7 @@ class Tracer:
             g = getattr(p, "grad", None)
             if g is not None:
                 ref = self._grads_probed.get(id(p))
-                if ref is None or ref() is not g:  # not measured already, as torch.autograd.grad returned it
+                if ref is None or ref() is not p:  # measured already in this step, as autograd.grad returned it
                     pairs.append((p, g))
         self._probe_pairs(pairs, scaled)
 
@@ -672,7 +672,7 @@ class Tracer:
         self._param_rows: list[tuple] = []  # (device, first slot, what): gradients measured in a Batch
         self._loss_gids: list[int] = []
         self._gradres_gids: list[int] = []  # what top-level torch.autograd.grad calls returned
-        self._grads_probed: dict[int, weakref.ref] = {}  # id(parameter) -> its gradient, measured from autograd.grad
+        self._grads_probed: dict[int, weakref.ref] = {}  # the parameters whose gradients autograd.grad returned
         self._double_backward = False  # autograd.grad(create_graph=True) ran: gradients have a graph
         self._scaled: dict[int, weakref.ref] = {}  # the tensors GradScaler.scale() returned
         self._fin: dict[int, bool] = {}  # measured tensor id -> finite, for this step

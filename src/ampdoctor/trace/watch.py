@@ -8,14 +8,16 @@ host memory is read where it is). Only the top-level modules have hooks, and not
 to the host in a step that is healthy.
 
 It keeps, for the current step only, references to what a replay needs: the arguments of each
-call of the script's top-level modules, the RNG and autocast state just before it, and the
-gradients that flowed into its outputs. When a step goes wrong (a non-finite loss; a skip that
-neither the scale's warm-up nor a growth of the scale explains; the scale falling step after
-step) a full ``Tracer`` starts at once: the bad step's calls are replayed under it (forward, and
-backward with the gradients the real run fed them, through ``torch.autograd.grad`` so that no
-``.grad`` changes; the RNG and the modules' buffers are put back afterwards), and the tracer then
-follows the run for ``trace_steps`` more steps. Its report names the origin as a full trace of
-that step would, with the run's own step numbers.
+call of the script's top-level modules, the RNG and autocast state just before it, and, per
+backward pass, the gradients that flowed into its outputs, except those of an output that only
+the call itself used in that pass (the logits a model computed its own loss from). When a step
+goes wrong (a non-finite loss; a skip that neither the scale's warm-up nor a growth of the scale
+explains; the scale falling step after step) a full ``Tracer`` starts at once: the bad step's
+calls are replayed under it (forward, and each backward pass with what came into the outputs
+from outside the call, through ``torch.autograd.grad`` so that no ``.grad`` changes; the RNG
+and the modules' buffers are put back afterwards), and the tracer then follows the run for
+``trace_steps`` more steps. Its report names the origin as a full trace of that step would,
+with the run's own step numbers.
 """
 
 from __future__ import annotations
@@ -50,11 +52,15 @@ class _Snapshot:
     rng: tuple
     autocast: list
     grad_enabled: bool
-    grads: list = field(default_factory=list)  # per output tensor: the gradient that flowed in, or None
+    # per backward pass of the step: {output index: the gradient that flowed into that output}
+    grads: dict = field(default_factory=dict)
     versions: list = field(default_factory=list)  # the inputs' version counters at the call
     nodes: tuple = (0, 0)  # the numbers of the autograd nodes the call made: [first, end)
-    # per output tensor: used after the call, so its gradient is kept (None: not known, kept too)
-    wanted: list = field(default_factory=list)
+    outputs: int = -1  # how many output tensors (-1: the call has not returned)
+    # per output: the passes in which only the call itself used it (its gradient is not kept then)
+    internal: list = field(default_factory=list)
+    later: list = field(default_factory=list)  # per output: a later top-level call was given it
+    carried: bool = False  # kept from the step before: nothing had flowed back into it then
 
 
 @dataclass
@@ -77,6 +83,7 @@ class Watcher:
 
     MAX_GRAD_NUMEL = 1 << 26  # output gradients kept for a replay, per call (elements)
     MAX_WALK = 512  # autograd nodes made outside the calls, looked through per backward for the outputs used
+    MAX_INNER = 64  # autograd nodes of a call, looked through from an output used for the outputs it came from
     MAX_CALLS = 16  # top-level calls kept per step
     WARMUP_SKIPS = 24  # back-offs at the start before the scale counts as collapsing (2**16 -> 2**-8)
     COLLAPSE_SKIPS = 3  # consecutive skips after the warm-up
@@ -95,10 +102,11 @@ class Watcher:
         self._handles: list = []
         self._active = False
         self._roots: dict[int, tuple["weakref.ref", list]] = {}
-        self._searched = False
+        self._searches = 0  # looks for the top-level modules, until they are found
         self._snaps: list[_Snapshot] = []
         self._outputs: dict[tuple, tuple] = {}  # (node number, output number) -> (snapshot, index): this step's
-        self._keep_all = _NEXT_NODE is None  # keep every output's gradient (the outputs used are not known)
+        self._pass = 0  # top-level backward passes (backward() and autograd.grad() calls) so far
+        self._backward_done = False  # a backward pass has ended since the first call of this step
         self._scalers: dict[int, _ScalerTrack] = {}
         self._in_enabled_scaler_step = 0  # inside an enabled GradScaler's step(): its update() ends the step
         self._stepped = False
@@ -144,7 +152,7 @@ class Watcher:
                 h.remove()
         self._roots.clear()
         self._swaps.remove()
-        self._snaps = []
+        self._snaps, self._outputs = [], {}
 
     def _guard(self, fn, *args):
         try:
@@ -162,11 +170,13 @@ class Watcher:
         watcher = self
 
         def backward(*args, **kwargs):
-            if watcher._active and not watcher._replaying and torch._C._current_autograd_node() is None:
+            top = watcher._active and not watcher._replaying and torch._C._current_autograd_node() is None
+            if top:
                 watcher._guard(watcher._loss, args[0] if args else kwargs.get("tensors"))
-                if watcher._outputs:
-                    watcher._guard(watcher._used, args[0] if args else kwargs.get("tensors"), True)
+                watcher._guard(watcher._backward_pass, args[0] if args else kwargs.get("tensors"))
             result = orig(*args, **kwargs)
+            if top:
+                watcher._backward_done = True
             if watcher._active and not watcher._replaying:
                 watcher._guard(watcher._after_backward)
             return result
@@ -179,12 +189,15 @@ class Watcher:
         watcher = self
 
         def grad(*args, **kwargs):
-            if watcher._active and not watcher._replaying and watcher.trigger is None \
-                    and torch._C._current_autograd_node() is None:
+            top = watcher._active and not watcher._replaying and watcher.trigger is None \
+                and torch._C._current_autograd_node() is None
+            if top:
                 watcher._guard(watcher._find_roots)
-                if watcher._outputs:
-                    watcher._guard(watcher._used, args[0] if args else kwargs.get("outputs"), True)
-            return orig(*args, **kwargs)
+                watcher._guard(watcher._backward_pass, args[0] if args else kwargs.get("outputs"))
+            result = orig(*args, **kwargs)
+            if top:
+                watcher._backward_done = True
+            return result
         grad.__wrapped__ = orig
         return grad
 
@@ -299,9 +312,14 @@ class Watcher:
             self._trouble("the loss is not finite", replay=False)  # seen too late to replay: trace on
         self.steps += 1
         self._scaled = self._skipped = False
-        self._snaps = []
-        self._outputs = {}
-        self._keep_all = _NEXT_NODE is None
+        # a call nothing has flowed back into yet (a GAN's generator, whose output the critic's
+        # step saw detached) is kept for one more step: its backward may come in the next one
+        self._snaps = [s for s in self._snaps if s.grad_enabled and s.outputs > 0 and not s.grads and not s.carried]
+        for snap in self._snaps:
+            snap.carried = True
+        kept = {id(snap) for snap in self._snaps}
+        self._outputs = {k: v for k, v in self._outputs.items() if id(v[0]) in kept}
+        self._backward_done = False
         if self.tracer is not None and not self._tracer_done and self.tracer.optimizer_steps > self.trace_steps:
             self._tracer_done = True
             self.tracer._active = False  # its hooks go quiet now; they come off when the watch ends
@@ -310,11 +328,12 @@ class Watcher:
 
     # -- the top-level modules and their calls ---------------------------------------------------------
     def _find_roots(self) -> None:
-        """Once, at the first backward: the modules the script's variables hold that no other one
-        contains. Their calls are what a replay runs again."""
-        if self._searched:
+        """At the first backward (and the next ones, up to 16, until some are found): the modules
+        the script's variables hold that no other one contains. Their calls are what a replay runs
+        again."""
+        if self._roots or self._searches >= 16:
             return
-        self._searched = True
+        self._searches += 1
         found = [m for _, m in _script_modules(sys._getframe())]
         children = {id(c) for m in found for c in m.modules() if c is not m}
         for m in found:
@@ -325,10 +344,15 @@ class Watcher:
             self._roots[id(m)] = (weakref.ref(m), handles)
 
     def _root_pre_hook(self, module, args, kwargs):
-        if self._active and not self._replaying and len(self._snaps) < self.MAX_CALLS \
-                and torch._C._current_autograd_node() is None:
+        if not self._active or self._replaying or torch._C._current_autograd_node() is not None:
+            return None
+        if self._backward_done and self.steps == 0 and not self._scaled:
+            # no optimizer step yet, and a backward pass has ended: a loop with no optimizer (or the
+            # first step of one with gradient accumulation) starts its next step here
+            self._snaps, self._outputs, self._backward_done = [], {}, False
+        if len(self._snaps) < self.MAX_CALLS:
             if self._outputs:  # an earlier call's outputs may come in: they are used after that call
-                self._guard(self._used, (args, kwargs))
+                self._guard(self._given, (args, kwargs))
             first = _NEXT_NODE() if _NEXT_NODE is not None else 0
             self._snaps.append(_Snapshot(weakref.ref(module), args, dict(kwargs), rp._rng(), rp._autocast_state(),
                                          torch.is_grad_enabled(), versions=_versions((args, kwargs)),
@@ -339,10 +363,11 @@ class Watcher:
         if not self._active or self._replaying or not self._snaps or not self.grads:
             return None
         snap = self._snaps[-1]
-        if snap.module() is not module or not snap.grad_enabled:
-            return None
+        if snap.module() is not module or not snap.grad_enabled or snap.outputs >= 0:
+            return None  # not the call this snapshot is of (one past MAX_CALLS, or a nested call)
         outs = list(tensors_in(output))
-        snap.grads, snap.wanted = [None] * len(outs), [None] * len(outs)
+        snap.outputs = len(outs)
+        snap.internal, snap.later = [set() for _ in outs], [False] * len(outs)
         if _NEXT_NODE is not None:
             snap.nodes = (snap.nodes[0], _NEXT_NODE())
         for i, t in enumerate(outs):
@@ -355,44 +380,89 @@ class Watcher:
 
     def _keep(self, snap: _Snapshot, i: int):
         def hook(grad):
-            if snap.wanted[i] is not False or self._keep_all:
-                snap.grads[i] = grad
+            try:
+                if self._pass not in snap.internal[i] and grad is not None:
+                    snap.grads.setdefault(self._pass, {})[i] = grad
+            except Exception:  # pragma: no cover - never into the script's backward
+                pass
             return None
         return hook
 
-    def _used(self, tensors, roots: bool = False) -> None:
-        """Mark the outputs of this step's calls that ``tensors`` (a backward's roots, a call's
-        inputs) were computed from, through what the script did after the calls: their gradients
-        are what a replay needs. With ``roots``, a backward is about to run: the outputs not marked
-        yet are not used, and their gradients (logits a model computed its own loss from) are not
-        kept; they come back through the call itself. The walk looks only at nodes made outside
-        the calls; past ``MAX_WALK`` of them every gradient of the step is kept. Outputs no walk
-        has looked at (a backward through ``torch.autograd.grad``) keep theirs too."""
-        if self._keep_all:
-            return  # every gradient is kept already
+    def _given(self, inputs) -> None:
+        """A top-level call is given ``inputs``: the earlier calls' outputs that the tensors in
+        them (in containers, or in the attributes of objects, such as a cache) were computed from,
+        through code outside the calls, are used after those calls."""
+        found: dict = {}
+        rp._walk_tensors(inputs, found, budget=[256])
+        for snap, i, _ in self._walk(list(found.values())) or ():
+            snap.later[i] = True
+
+    def _backward_pass(self, roots) -> None:
+        """A backward pass starts from ``roots``. The outputs it reaches through code outside the
+        calls are used after their call. An output that another output of the same call, one so
+        reached, was computed from, and that nothing else is seen to use (the logits a model
+        computed its own loss from), gets in this pass only what the call sent back into it: its
+        gradient is not kept, and a replay gets it back through the call. Every other output's
+        gradient is kept: code the walks cannot see (a tensor handed on inside an object, a
+        module attribute) may have used it."""
+        self._pass += 1
+        if not self._outputs or _NEXT_NODE is None:
+            return
+        hits = self._walk(roots)
+        if hits is None:
+            return
+        reached = {(id(snap), i) for snap, i, _ in hits}
+        for snap, _, node in hits:
+            for j in self._computed_from(snap, node):
+                if (id(snap), j) not in reached and not snap.later[j]:
+                    snap.internal[j].add(self._pass)
+
+    def _walk(self, tensors) -> list | None:
+        """The (snapshot, output index, its node) of this step's call outputs that ``tensors`` were
+        computed from through nodes made outside the calls; None past ``MAX_WALK`` such nodes."""
         spans = [s.nodes for s in self._snaps]
-        first = min(a for a, _ in spans)
+        first = min(a for a, _ in spans) if spans else 0
         todo = [(t.grad_fn, t.output_nr) for t in tensors_in(tensors)
                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         seen: set = set()
+        hits = []
         while todo:
             node, nr = todo.pop()
             number = node._sequence_nr()
             hit = self._outputs.get((number, nr))
             if hit is not None:
-                hit[0].wanted[hit[1]] = True
+                hits.append((*hit, node))
                 continue
             if id(node) in seen or not node.next_functions or number < first \
                     or any(a <= number < b for a, b in spans):
                 continue  # a leaf's; made before this step's calls, or inside one
             seen.add(id(node))
             if len(seen) > self.MAX_WALK:
-                self._keep_all = True
-                return
+                return None
             todo.extend(edge for edge in node.next_functions if edge[0] is not None)
-        if roots:
-            for snap in self._snaps:
-                snap.wanted = [w is True for w in snap.wanted]
+        return hits
+
+    def _computed_from(self, snap: _Snapshot, node) -> list:
+        """The indices of ``snap``'s outputs that the output made by ``node`` was computed from,
+        found within ``MAX_INNER`` of the call's own nodes."""
+        a, b = snap.nodes
+        found, seen, todo = [], set(), [node]
+        while todo and len(seen) < self.MAX_INNER:
+            n = todo.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            for nxt, nr in n.next_functions:
+                if nxt is None:
+                    continue
+                number = nxt._sequence_nr()
+                if not a <= number < b:
+                    continue  # not the call's own: a leaf's, or made before the call
+                hit = self._outputs.get((number, nr))
+                if hit is not None and hit[0] is snap:
+                    found.append(hit[1])
+                todo.append(nxt)
+        return found
 
     # -- trouble -----------------------------------------------------------------------------------
     def _trouble(self, reason: str, replay: bool = True) -> None:
@@ -429,21 +499,8 @@ class Watcher:
                 args, kwargs = _copied((snap.args, snap.kwargs))
                 with torch.set_grad_enabled(snap.grad_enabled):
                     out = module(*args, **kwargs)
-                if snap.grad_enabled and any(g is not None for g in snap.grads):
-                    outs = list(tensors_in(out))
-                    params = [p for p in module.parameters() if p.requires_grad]
-                    pairs = [(o, g) for o, g in zip(outs, snap.grads)
-                             if g is not None and isinstance(o, torch.Tensor) and o.grad_fn is not None
-                             and o.shape == g.shape]
-                    if pairs and params:
-                        active, self.tracer._active = self.tracer._active, False  # it sees one backward, below
-                        try:
-                            pairs = rp.external_grads(pairs)
-                        finally:
-                            self.tracer._active = active
-                    if pairs and params:
-                        rp.unwrapped(torch.autograd.grad)([o for o, _ in pairs], params,
-                                                          grad_outputs=[g for _, g in pairs], allow_unused=True)
+                if snap.grad_enabled and snap.grads:
+                    self._replay_backward(module, list(tensors_in(out)), snap.grads)
                 elif snap.grad_enabled:
                     self.replayed.append(f"the gradients that flowed into `{type(module).__name__}`'s outputs "
                                          "were not kept: its forward was replayed, not its backward")
@@ -456,6 +513,26 @@ class Watcher:
             with torch.no_grad():
                 for b, v in saved:
                     b.copy_(v)
+
+    def _replay_backward(self, module, outs: list, passes: dict) -> None:
+        """The call's backward passes of the step, in their order, each fed what came into the
+        outputs from outside the call in that pass."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        grad = rp.unwrapped(torch.autograd.grad)
+        for _, kept in sorted(passes.items()):
+            pairs = [(outs[i], g) for i, g in kept.items()
+                     if i < len(outs) and isinstance(outs[i], torch.Tensor) and outs[i].grad_fn is not None
+                     and outs[i].shape == g.shape]
+            if not pairs or not params:
+                continue
+            active, self.tracer._active = self.tracer._active, False  # it sees each pass once, below
+            try:
+                pairs = rp.external_grads(pairs)
+            finally:
+                self.tracer._active = active
+            if pairs:
+                grad([o for o, _ in pairs], params, grad_outputs=[g for _, g in pairs], allow_unused=True,
+                     retain_graph=True)
 
     # -- the report --------------------------------------------------------------------------------
     @property
