@@ -413,9 +413,10 @@ class Watcher:
             return
         reached = {(id(snap), i) for snap, i, _ in hits}
         for snap, _, node in hits:
-            for j in self._computed_from(snap, node):
-                if (id(snap), j) not in reached and not snap.later[j]:
-                    snap.internal[j].add(self._pass)
+            others = {j for s, j in self._outputs.values() if s is snap and (id(snap), j) not in reached
+                      and not snap.later[j]}
+            for j in self._computed_from(snap, node, others):
+                snap.internal[j].add(self._pass)
 
     def _walk(self, tensors) -> list | None:
         """The (snapshot, output index, its node) of this step's call outputs that ``tensors`` were
@@ -442,12 +443,12 @@ class Watcher:
             todo.extend(edge for edge in node.next_functions if edge[0] is not None)
         return hits
 
-    def _computed_from(self, snap: _Snapshot, node) -> list:
-        """The indices of ``snap``'s outputs that the output made by ``node`` was computed from,
-        found within ``MAX_INNER`` of the call's own nodes."""
+    def _computed_from(self, snap: _Snapshot, node, among: set) -> list:
+        """Those of ``snap``'s outputs ``among`` that the output made by ``node`` was computed
+        from, found within ``MAX_INNER`` of the call's own nodes."""
         a, b = snap.nodes
-        found, seen, todo = [], set(), [node]
-        while todo and len(seen) < self.MAX_INNER:
+        found, seen, todo = [], set(), [node] if among else []
+        while todo and len(seen) < self.MAX_INNER and len(found) < len(among):
             n = todo.pop()
             if id(n) in seen:
                 continue
@@ -459,7 +460,7 @@ class Watcher:
                 if not a <= number < b:
                     continue  # not the call's own: a leaf's, or made before the call
                 hit = self._outputs.get((number, nr))
-                if hit is not None and hit[0] is snap:
+                if hit is not None and hit[0] is snap and hit[1] in among and hit[1] not in found:
                     found.append(hit[1])
                 todo.append(nxt)
         return found
