@@ -106,6 +106,11 @@ class Watcher:
         self._snaps: list[_Snapshot] = []
         self._outputs: dict[tuple, tuple] = {}  # (node number, output number) -> (snapshot, index): this step's
         self._pass = 0  # top-level backward passes (backward() and autograd.grad() calls) so far
+        # host buffers the kept CPU gradients are copied into, the step's n-th into the n-th: holding
+        # autograd's own buffer until the step ends keeps the allocator from reusing it, which
+        # costs more on the CPU (a fresh block, page faults) than the copy
+        self._buffers: list[torch.Tensor] = []
+        self._buffered = 0
         self._backward_done = False  # a backward pass has ended since the first call of this step
         self._scalers: dict[int, _ScalerTrack] = {}
         self._in_enabled_scaler_step = 0  # inside an enabled GradScaler's step(): its update() ends the step
@@ -152,7 +157,7 @@ class Watcher:
                 h.remove()
         self._roots.clear()
         self._swaps.remove()
-        self._snaps, self._outputs = [], {}
+        self._snaps, self._outputs, self._buffers = [], {}, []
 
     def _guard(self, fn, *args):
         try:
@@ -320,6 +325,7 @@ class Watcher:
         kept = {id(snap) for snap in self._snaps}
         self._outputs = {k: v for k, v in self._outputs.items() if id(v[0]) in kept}
         self._backward_done = False
+        self._buffered = 0
         if self.tracer is not None and not self._tracer_done and self.tracer.optimizer_steps > self.trace_steps:
             self._tracer_done = True
             self.tracer._active = False  # its hooks go quiet now; they come off when the watch ends
@@ -349,7 +355,7 @@ class Watcher:
         if self._backward_done and self.steps == 0 and not self._scaled:
             # no optimizer step yet, and a backward pass has ended: a loop with no optimizer (or the
             # first step of one with gradient accumulation) starts its next step here
-            self._snaps, self._outputs, self._backward_done = [], {}, False
+            self._snaps, self._outputs, self._backward_done, self._buffered = [], {}, False, 0
         if len(self._snaps) < self.MAX_CALLS:
             if self._outputs:  # an earlier call's outputs may come in: they are used after that call
                 self._guard(self._given, (args, kwargs))
@@ -382,11 +388,27 @@ class Watcher:
         def hook(grad):
             try:
                 if self._pass not in snap.internal[i] and grad is not None:
-                    snap.grads.setdefault(self._pass, {})[i] = grad
+                    snap.grads.setdefault(self._pass, {})[i] = self._held(grad)
             except Exception:  # pragma: no cover - never into the script's backward
                 pass
             return None
         return hook
+
+    def _held(self, grad: torch.Tensor) -> torch.Tensor:
+        """What to keep of a gradient until the step ends: on the CPU a copy in a buffer that
+        serves again in the next step; elsewhere the gradient itself."""
+        if grad.device.type != "cpu" or grad.layout != torch.strided or self._buffered >= self.MAX_CALLS * 4:
+            return grad
+        n, self._buffered = self._buffered, self._buffered + 1
+        buf = self._buffers[n] if n < len(self._buffers) else None
+        if buf is None or buf.shape != grad.shape or buf.dtype != grad.dtype:
+            with torch.inference_mode(False):
+                buf = torch.empty_like(grad, memory_format=torch.contiguous_format)
+            if n < len(self._buffers):
+                self._buffers[n] = buf
+            else:
+                self._buffers.append(buf)
+        return buf.copy_(grad)
 
     def _given(self, inputs) -> None:
         """A top-level call is given ``inputs``: the earlier calls' outputs that the tensors in
