@@ -135,7 +135,7 @@ class Watcher:
             if "update" in own:
                 self._swaps.set(cls, "update", self._wrap_update(own["update"]))
         self._swaps.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
-        self._swaps.set(torch.autograd, "grad", self._wrap_grad(torch.autograd.grad))
+        self._swaps.set(torch.autograd, "grad", self._wrap_backward(torch.autograd.grad, grad=True))
         self._active = True
         return self
 
@@ -171,40 +171,30 @@ class Watcher:
             return None
 
     # -- what runs every step --------------------------------------------------------------------
-    def _wrap_backward(self, orig):
+    def _wrap_backward(self, orig, grad: bool = False):
+        """``torch.autograd.backward``, or with ``grad`` ``torch.autograd.grad`` (a functional
+        training step, a gradient penalty; until the trigger only): the loss is checked (backward)
+        or the top-level modules looked for (grad), and the outputs the pass goes through marked."""
         watcher = self
 
         def backward(*args, **kwargs):
-            top = watcher._active and not watcher._replaying and torch._C._current_autograd_node() is None
+            top = watcher._active and not watcher._replaying and torch._C._current_autograd_node() is None \
+                and not (grad and watcher.trigger is not None)
             if top:
-                watcher._guard(watcher._loss, args[0] if args else kwargs.get("tensors"))
-                watcher._guard(watcher._backward_pass, args[0] if args else kwargs.get("tensors"))
+                roots = args[0] if args else kwargs.get("outputs" if grad else "tensors")
+                if grad:
+                    watcher._guard(watcher._find_roots)
+                else:
+                    watcher._guard(watcher._loss, roots)
+                watcher._guard(watcher._backward_pass, roots)
             result = orig(*args, **kwargs)
             if top:
                 watcher._backward_done = True
-            if watcher._active and not watcher._replaying:
+            if not grad and watcher._active and not watcher._replaying:
                 watcher._guard(watcher._after_backward)
             return result
         backward.__wrapped__ = orig
         return backward
-
-    def _wrap_grad(self, orig):
-        """A backward through ``torch.autograd.grad`` (a functional training step, a gradient
-        penalty): the top-level modules are found, and the outputs it goes through are marked."""
-        watcher = self
-
-        def grad(*args, **kwargs):
-            top = watcher._active and not watcher._replaying and watcher.trigger is None \
-                and torch._C._current_autograd_node() is None
-            if top:
-                watcher._guard(watcher._find_roots)
-                watcher._guard(watcher._backward_pass, args[0] if args else kwargs.get("outputs"))
-            result = orig(*args, **kwargs)
-            if top:
-                watcher._backward_done = True
-            return result
-        grad.__wrapped__ = orig
-        return grad
 
     def _wrap_step(self, orig):
         watcher = self
